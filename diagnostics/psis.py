@@ -1,0 +1,44 @@
+"""PSIS k-hat of an approximation and PSIS-LOO (Vehtari et al. 2017, 2024)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy.special import logsumexp
+
+from ppl.diagnostics import _arviz
+
+__all__ = ["khat", "khat_threshold", "psis_loo"]
+
+
+def khat(log_ratios: np.ndarray) -> float:
+    """Pareto k-hat of importance ratios p/q, given log p(θ_s, D) − log q(θ_s) for draws θ_s ~ q.
+
+    Sign convention (pinned by a test): q = N(0, 1), p = N(0, 1.5²) gives k ≈ 0.56 (p has heavier
+    tails than q); swapping p and q gives a small or negative k.
+    """
+    _, k = _arviz.psis(np.asarray(log_ratios, dtype=float))
+    return float(k)
+
+
+def khat_threshold(num_draws: int) -> float:
+    """min(1 − 1/log10 S, 0.7) for S draws (Vehtari et al. 2024)."""
+    return min(1.0 - 1.0 / math.log10(num_draws), 0.7)
+
+
+def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarray | None = None):
+    """PSIS-LOO from pointwise log-likelihoods (S, N).
+
+    For draws from an approximation q rather than the posterior, ``log_correction`` = log p − log q
+    per draw turns the ratios into p(θ | D₋ᵢ)/q(θ) (Magnusson et al. 2019).
+    Returns (elpd_loo, its standard error, pointwise k-hat (N,)).
+    """
+    ratios = -loglik.T  # (N, S): log 1/p(y_i | θ_s)
+    if log_correction is not None:
+        ratios = ratios + log_correction[None, :]
+    smoothed, k = _arviz.psis(ratios, reff=reff)
+    pointwise = logsumexp(smoothed + loglik.T, axis=1)
+    elpd = float(pointwise.sum())
+    se = float(math.sqrt(loglik.shape[1] * pointwise.var()))
+    return elpd, se, k

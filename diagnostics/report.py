@@ -1,0 +1,196 @@
+"""Build the uniform :class:`ppl.Diagnostics` record and the ArviZ export for any Posterior."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ppl._results import THRESHOLDS, Diagnostics, finite_or_none
+from ppl.diagnostics import _arviz
+from ppl.diagnostics.convergence import max_rhat, min_ess
+from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
+
+__all__ = ["compute_diagnostics", "to_inference_data"]
+
+
+def _has_hidden_layers(problem) -> bool:
+    return problem.is_declarative and len(problem.layers()) > 1
+
+
+def compute_diagnostics(posterior) -> Diagnostics:
+    info, problem = posterior.info, posterior.problem
+    record = Diagnostics(
+        method=posterior.method,
+        num_chains=posterior.num_chains,
+        num_draws=posterior.num_draws,
+        wall_time_s=posterior.wall_time_s,
+    )
+    notes, warnings = record.notes, record.warnings
+    total_draws = posterior.num_chains * posterior.num_draws
+    is_sampler = posterior.approximation is None
+
+    # -- Markov-chain convergence ------------------------------------------------------------------
+    if is_sampler:
+        arrays = list(posterior.draws.values())
+        record.rhat_max = max_rhat(arrays)
+        record.ess_bulk_min = min_ess(arrays, "bulk")
+        record.ess_tail_min = min_ess(arrays, "tail")
+        functions = posterior.function_draws()
+        if functions is not None:
+            record.rhat_function_max = max_rhat([functions])
+        else:
+            notes["rhat_function_max"] = "plain NumPyro program: no network outputs to probe"
+        symmetric = _has_hidden_layers(problem)
+        if posterior.num_chains < 2:
+            notes["rhat_max"] = notes["rhat_function_max"] = "R-hat compares chains: run num_chains ≥ 2"
+        elif symmetric:
+            notes["rhat_max"] = (
+                "weight-space R-hat of a network with hidden layers is inflated by permutation and sign "
+                "symmetries even for a perfect sampler; judge convergence by rhat_function_max"
+            )
+        rhat_for_ok = record.rhat_function_max if symmetric else record.rhat_max
+        if rhat_for_ok is not None and rhat_for_ok > THRESHOLDS["rhat"]:
+            space = "function-space " if symmetric else ""
+            warnings.append(
+                f"{space}R-hat {rhat_for_ok:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer "
+                "(num_warmup, num_samples) or reparameterise"
+            )
+        if record.rhat_function_max is not None and not symmetric and record.rhat_function_max > THRESHOLDS["rhat"]:
+            warnings.append(f"function-space R-hat {record.rhat_function_max:.3f} > {THRESHOLDS['rhat']}")
+        ess_needed = THRESHOLDS["ess_per_chain"] * posterior.num_chains
+        for field, label in (("ess_bulk_min", "bulk"), ("ess_tail_min", "tail")):
+            value = getattr(record, field)
+            if value is not None and value < ess_needed and not symmetric:
+                warnings.append(
+                    f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — draw more samples"
+                )
+        if symmetric:
+            notes["ess_bulk_min"] = notes["ess_tail_min"] = "weight-space ESS; see the note on rhat_max"
+    else:
+        why = (
+            "a point estimate has no spread to diagnose"
+            if not posterior.has_density
+            else "draws are independent samples from the fitted approximation q, not Markov chains"
+        )
+        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
+            notes[field] = why
+
+    if "diverging" in info:
+        record.divergences = int(info["divergences"])
+        if record.divergences > THRESHOLDS["divergences"]:
+            warnings.append(
+                f"{record.divergences} divergent transitions after warmup: the sampler missed part of the "
+                "posterior — raise target_accept or reparameterise"
+            )
+    else:
+        notes["divergences"] = "only Hamiltonian samplers diverge"
+    if "tree_depth_hits" in info:
+        record.tree_depth_hits = int(info["tree_depth_hits"])
+        if record.tree_depth_hits:
+            warnings.append(
+                f"{record.tree_depth_hits} transitions hit max_tree_depth={info['max_tree_depth']}: "
+                "an efficiency problem, not a validity one — raise max_tree_depth or use dense_mass"
+            )
+    else:
+        notes["tree_depth_hits"] = "only NUTS builds trees"
+
+    # -- the approximation against the target --------------------------------------------------------
+    log_ratios = posterior.log_density_ratios()
+    if log_ratios is not None:
+        record.elbo = finite_or_none(np.mean(log_ratios))
+        record.khat_threshold = khat_threshold(total_draws)
+        if np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
+            # Constant ratios: q equals the target up to rounding; the Pareto fit is degenerate.
+            record.khat = float("-inf")
+            notes["khat"] = "log p − log q is constant over the draws: q matches the target exactly"
+        else:
+            record.khat = khat(log_ratios)
+        if record.khat > record.khat_threshold:
+            warnings.append(
+                f"PSIS k-hat {record.khat:.2f} > {record.khat_threshold:.2f}: the approximation q misses the "
+                "posterior's tails — do not trust its uncertainty; try a richer guide or NUTS"
+            )
+    else:
+        reason = "samplers have no density q(θ)" if is_sampler else "a point estimate has no density"
+        notes["khat"] = notes["khat_threshold"] = notes["elbo"] = reason
+    if "log_evidence" in info:
+        record.log_evidence = float(info["log_evidence"])
+    else:
+        notes["log_evidence"] = "only closed-form methods give the log evidence"
+    if "converged" in info and not info["converged"]:
+        warnings.append(
+            f"the loss did not settle (last-window change {info['loss_change']:.3g} ± {info['loss_change_se']:.2g}): "
+            "raise steps"
+        )
+
+    # -- PSIS-LOO ------------------------------------------------------------------------------------
+    if total_draws < 2:
+        notes["elpd_loo"] = notes["loo_khat_max"] = "PSIS-LOO needs posterior draws; a point estimate has one"
+    else:
+        loglik = posterior.pointwise_log_likelihood()
+        flat = loglik.reshape(total_draws, -1)
+        if is_sampler:
+            elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(loglik))
+        else:
+            usable = log_ratios is not None and record.khat is not None and record.khat <= 0.7
+            elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
+            if not usable and log_ratios is not None:
+                notes["elpd_loo"] = "q is too far from the posterior (k-hat > 0.7) to correct by; LOO uses q's draws as is"
+        record.elpd_loo = finite_or_none(elpd)
+        record.loo_khat_max = finite_or_none(np.max(k))
+        if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
+            bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
+            warnings.append(
+                f"PSIS-LOO k-hat > 0.7 for {bad} observation(s): elpd_loo is unreliable for them — "
+                "use K-fold cross-validation or more draws"
+            )
+
+    record.ok = not any(
+        [
+            record.divergences not in (None, 0),
+            (record.khat is not None and record.khat > record.khat_threshold),
+            any("R-hat" in w or "ESS" in w for w in warnings),
+            ("converged" in info and not info["converged"]),
+        ]
+    )
+    return record
+
+
+def _dims(posterior) -> dict:
+    dims = {"y": ["obs"]}
+    problem = posterior.problem
+    if problem.is_declarative:
+        for layer in problem.layers():
+            if posterior.draws[layer.weight].ndim == 4:
+                dims[layer.weight] = [f"{layer.weight}_in", f"{layer.weight}_out"]
+            else:
+                dims[layer.weight] = ["feature"]
+            if layer.bias is not None and posterior.draws[layer.bias].ndim == 3:
+                dims[layer.bias] = [f"{layer.weight}_out"]
+    return dims
+
+
+def to_inference_data(posterior):
+    """ArviZ InferenceData: posterior, sample_stats, log_likelihood, observed_data, named dims."""
+    info, problem = posterior.info, posterior.problem
+    stats = {}
+    if "diverging" in info:
+        stats = {
+            "diverging": info["diverging"],
+            "n_steps": info["num_steps"],
+            "acceptance_rate": info["accept_prob"],
+            "energy": info["energy"],
+        }
+    log_ratios = posterior.log_density_ratios()
+    if log_ratios is not None:
+        stats["log_ratio"] = log_ratios.reshape(posterior.num_chains, posterior.num_draws)
+    observed_name = "y"
+    observed = {}
+    if problem.is_declarative:
+        observed = {observed_name: np.asarray(problem.data[1])}
+    return _arviz.inference_data(
+        posterior=posterior.draws,
+        sample_stats=stats,
+        log_likelihood={observed_name: posterior.pointwise_log_likelihood()},
+        observed_data=observed,
+        dims=_dims(posterior),
+    )

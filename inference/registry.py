@@ -1,0 +1,47 @@
+"""The method registry: a plain dict from name to ``"module:Class"``, resolved lazily.
+
+Adding a method is one file in ``inference/`` and one line here; the conformance test in
+``tests/test_conformance.py`` is parametrised over this table and enrols it automatically.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from ppl._errors import OptionError
+
+__all__ = ["METHODS", "get", "create", "describe"]
+
+METHODS = {
+    "exact": "ppl.inference.exact:Exact",
+    "map": "ppl.inference.optimize:MAP",
+    "nuts": "ppl.inference.mcmc:NUTS",
+    "hmc": "ppl.inference.mcmc:HMC",
+    "svi": "ppl.inference.svi:SVI",
+}
+
+
+def get(name: str):
+    """The method class registered as ``name``."""
+    if name not in METHODS:
+        raise OptionError(f"unknown method {name!r}; valid methods: {', '.join(sorted(METHODS))}")
+    module, cls = METHODS[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def create(name: str, options: dict):
+    """Instantiate method ``name`` with ``options``; unknown options are listed with the valid ones."""
+    cls = get(name)
+    valid = cls.option_defaults()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        raise OptionError(
+            f"method {name!r} has no option(s) {', '.join(map(repr, unknown))}; valid options: "
+            + ", ".join(f"{k}={v!r}" for k, v in valid.items())
+        )
+    return cls(**options)
+
+
+def describe() -> list[tuple[str, str, dict]]:
+    """(name, one-line description, options with defaults) for every registered method."""
+    return [(name, get(name).description, get(name).option_defaults()) for name in METHODS]

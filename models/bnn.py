@@ -1,0 +1,110 @@
+"""Bayesian neural network: a stack of dense layers with a prior on every weight."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+
+from ppl.models._base import LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
+from ppl.models.priors import Isotropic, Prior
+
+__all__ = ["BNN", "ACTIVATIONS"]
+
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "gelu": jax.nn.gelu,
+}
+
+
+@dataclass(frozen=True)
+class BNN(SupervisedModel):
+    """Dense Bayesian neural network.
+
+    Sites ``w{i}`` (fan_in, fan_out) and ``b{i}`` (fan_out,) for dense layer ``i`` counted from the
+    input; ``sigma`` when a Gaussian noise scale is learned (``noise_scale=None``). The output is
+    one unit for ``gaussian`` (the mean) and ``bernoulli`` (the logit), C units for
+    ``categorical`` (logits; C read from the labels by ``ppl.fit`` unless ``num_classes`` is given).
+
+    Args:
+        hidden: widths of the hidden layers; ``()`` gives a generalised linear model.
+        activation: ``relu``, ``tanh`` or ``gelu``.
+        likelihood: ``gaussian``, ``bernoulli`` or ``categorical``.
+        prior_scale: scale of the isotropic N(0, s²) prior used when ``prior`` is None.
+        prior: a ``ppl.models.priors`` object (per-layer, fan-in scaled, scale mixture).
+        noise_scale: fixed Gaussian noise σ, or None to learn it.
+
+    >>> from ppl.models import BNN
+    >>> model = BNN(hidden=(32,), activation="tanh", likelihood="bernoulli")
+    """
+
+    hidden: tuple = (50,)
+    activation: str = "relu"
+    likelihood: str = "gaussian"
+    prior_scale: float = 1.0
+    prior: Prior | None = None
+    noise_scale: float | None = None
+    num_classes: int | None = None
+
+    def __post_init__(self):
+        hidden = (self.hidden,) if isinstance(self.hidden, (int, np.integer)) else self.hidden
+        object.__setattr__(self, "hidden", tuple(int(h) for h in hidden))
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"BNN.hidden widths must be positive integers, got {self.hidden}")
+        check_choice("BNN.activation", self.activation, tuple(ACTIVATIONS))
+        check_choice("BNN.likelihood", self.likelihood, LIKELIHOODS)
+        check_scale("BNN.prior_scale", self.prior_scale)
+        check_scale("BNN.noise_scale", self.noise_scale, allow_none=True)
+        if self.prior is not None and not isinstance(self.prior, Prior):
+            raise ValueError(
+                f"BNN.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, "
+                f"ScaleMixture), got {type(self.prior).__name__}"
+            )
+        if self.num_classes is not None:
+            if self.likelihood != "categorical":
+                raise ValueError("BNN.num_classes applies only to likelihood='categorical'")
+            if int(self.num_classes) < 2:
+                raise ValueError(f"BNN.num_classes must be at least 2, got {self.num_classes}")
+
+    def bind(self, X, y):
+        if self.likelihood == "categorical" and self.num_classes is None and y is not None:
+            return dataclasses.replace(self, num_classes=max(int(np.max(y)) + 1, 2))
+        return self
+
+    @property
+    def _prior(self) -> Prior:
+        return self.prior if self.prior is not None else Isotropic(self.prior_scale)
+
+    def layers(self, input_dim: int) -> tuple:
+        widths = (int(input_dim), *self.hidden, self.output_dim())
+        last = len(widths) - 2
+        return tuple(
+            Layer(f"w{i}", f"b{i}", widths[i], widths[i + 1], None if i == last else self.activation)
+            for i in range(len(widths) - 1)
+        )
+
+    def apply(self, params: dict, X):
+        h = X
+        for layer in self.layers(X.shape[-1]):
+            h = h @ params[layer.weight] + params[layer.bias]
+            if layer.activation is not None:
+                h = ACTIVATIONS[layer.activation](h)
+        return h if self.likelihood == "categorical" else h[..., 0]
+
+    def __call__(self, X, y=None):
+        params = {}
+        for i, layer in enumerate(self.layers(X.shape[-1])):
+            shape_w, shape_b = (layer.fan_in, layer.fan_out), (layer.fan_out,)
+            params[layer.weight] = numpyro.sample(
+                layer.weight, self._prior.distribution(i, "weight", shape_w, layer.fan_in)
+            )
+            params[layer.bias] = numpyro.sample(
+                layer.bias, self._prior.distribution(i, "bias", shape_b, layer.fan_in)
+            )
+        params.update(self._sample_noise())
+        return self._observe(X, y, params)

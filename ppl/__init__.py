@@ -1,0 +1,39 @@
+"""ppl — probabilistic-programming inference for neural-network weight posteriors.
+
+Declare a model once, switch the inference method with one argument, read the same diagnostics:
+
+>>> import ppl
+>>> from ppl.models import LinearRegression
+>>> data = ppl.datasets.load("linear", seed=0)
+>>> post = ppl.fit(LinearRegression(noise_scale=0.5), data.train, method="exact", seed=0)
+>>> metrics = ppl.evaluate(post, data.test, seed=1)
+"""
+
+from __future__ import annotations
+
+from ppl import datasets
+from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError
+from ppl._evaluate import compare, evaluate
+from ppl._fit import fit
+from ppl._io import load
+from ppl._posterior import Posterior
+from ppl._problem import Problem, compile_problem
+from ppl._results import Diagnostics, Prediction
+
+__all__ = [
+    "fit",
+    "load",
+    "evaluate",
+    "compare",
+    "Posterior",
+    "Prediction",
+    "Diagnostics",
+    "Problem",
+    "compile_problem",
+    "datasets",
+    "DataError",
+    "OptionError",
+    "NonFiniteError",
+    "MemoryBudgetError",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,123 @@
+"""Host-side data validation: every check runs before anything is traced or compiled."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from ppl._errors import DataError
+
+__all__ = ["Split", "validate_supervised", "validate_program_data", "check_batch_size"]
+
+
+class Split(NamedTuple):
+    """One split of a supervised dataset: inputs ``X`` (N, D) and targets ``y`` (N,)."""
+
+    X: np.ndarray
+    y: np.ndarray
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    if not np.issubdtype(array.dtype, np.number) and array.dtype != bool:
+        raise DataError(f"{name} has dtype {array.dtype}; pass numeric arrays (convert strings/objects first)")
+    if np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.complexfloating):
+        bad = ~np.isfinite(array)
+        if bad.any():
+            first = np.unravel_index(int(np.flatnonzero(bad)[0]), array.shape)
+            first = first[0] if len(first) == 1 else tuple(int(i) for i in first)
+            raise DataError(
+                f"{name} has {int(bad.sum())} non-finite values (NaN or Inf), the first at index "
+                f"{first}; drop or impute those rows before fitting"
+            )
+
+
+def validate_supervised(model, data, *, where: str = "data"):
+    """Check ``(X, y)`` for a supervised declarative model; return numpy arrays ``(X, y)``.
+
+    ``y`` may be None for prediction-only inputs (then only X is checked).
+    """
+    if isinstance(data, dict):
+        raise DataError(
+            f"{where} is a dict, but {type(model).__name__} takes a tuple (X, y); dicts are for plain "
+            "NumPyro model functions"
+        )
+    if not isinstance(data, (tuple, list)) or len(data) != 2:
+        raise DataError(
+            f"{where} must be a tuple (X, y) for {type(model).__name__}, got {type(data).__name__}"
+            + (f" of length {len(data)}" if isinstance(data, (tuple, list)) else "")
+        )
+    X, y = data
+    X = _as_inputs(X, f"{where} X")
+    if y is None:
+        return X, None
+    y = np.asarray(y)
+    if y.ndim == 2 and y.shape[1] == 1:
+        raise DataError(
+            f"{where} y has shape {y.shape}; targets must be 1-D (N,) — pass y.ravel() (a (N, 1) column "
+            "would silently broadcast against (N,) predictions)"
+        )
+    if y.ndim != 1:
+        raise DataError(f"{where} y must be 1-D with shape (N,), got shape {y.shape}")
+    if y.shape[0] != X.shape[0]:
+        raise DataError(
+            f"{where}: X has {X.shape[0]} rows but y has {y.shape[0]}; they must describe the same data points"
+        )
+    _check_finite(f"{where} y", y)
+    return X, model.check_targets(y)
+
+
+def _as_inputs(X, name: str) -> np.ndarray:
+    X = np.asarray(X)
+    if X.ndim != 2:
+        hint = " — reshape 1-D inputs with X[:, None]" if X.ndim == 1 else ""
+        raise DataError(f"{name} must be 2-D with shape (N, D), got shape {X.shape}{hint}")
+    if X.shape[0] == 0:
+        raise DataError(f"{name} is empty (0 rows); ppl needs at least one data point")
+    if X.shape[1] == 0:
+        raise DataError(f"{name} has 0 columns; ppl needs at least one input feature")
+    _check_finite(name, X)
+    return X.astype(float)
+
+
+def validate_inputs(X, name: str = "X") -> np.ndarray:
+    """Check prediction inputs (N, D)."""
+    return _as_inputs(X, name)
+
+
+def validate_program_data(data) -> tuple[dict, dict]:
+    """Split a plain model's keyword arguments into array leaves (checked) and static values."""
+    if data is None:
+        return {}, {}
+    if not isinstance(data, dict):
+        raise DataError(
+            f"data for a plain NumPyro model function must be a dict of keyword arguments, got "
+            f"{type(data).__name__}"
+        )
+    arrays, static = {}, {}
+    for key, value in data.items():
+        if isinstance(value, (np.ndarray, list)) or hasattr(value, "__jax_array__") or type(value).__module__.startswith("jax"):
+            array = np.asarray(value)
+            if array.size == 0:
+                raise DataError(f"data[{key!r}] is empty; ppl needs at least one data point")
+            _check_finite(f"data[{key!r}]", array)
+            arrays[key] = array
+        elif value is None or isinstance(value, (bool, int, float, str, tuple)):
+            static[key] = value
+        else:
+            raise DataError(
+                f"data[{key!r}] has type {type(value).__name__}; pass arrays, numbers, strings or None"
+            )
+    return arrays, static
+
+
+def check_batch_size(batch_size, num_data: int | None) -> None:
+    if batch_size is None:
+        return
+    if num_data is None:
+        raise DataError(
+            "batch_size needs a declarative model (ppl.models) whose data rows ppl can subsample; "
+            "for a plain NumPyro model use full-batch training (batch_size=None)"
+        )
+    if not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= num_data:
+        raise DataError(f"batch_size must be an integer in 1..{num_data} (the number of data points), got {batch_size!r}")

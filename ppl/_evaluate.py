@@ -1,0 +1,39 @@
+"""``ppl.evaluate`` and ``ppl.compare``: test-set metrics for one or several posteriors."""
+
+from __future__ import annotations
+
+from ppl._data import validate_supervised
+
+__all__ = ["evaluate", "compare"]
+
+
+def evaluate(posterior, data, *, seed, num_samples: int | None = None, mode: str = "mc") -> dict:
+    """Test metrics of ``posterior`` on ``data = (X, y)``.
+
+    Classification: ``nll``, ``accuracy``, ``ece`` (15 equal-width bins), ``brier``.
+    Regression: ``nll``, ``rmse``, ``coverage_90`` (central 90% predictive interval).
+    """
+    from ppl.diagnostics import classification_metrics, regression_metrics
+
+    problem = posterior.problem
+    if not problem.is_declarative:
+        raise TypeError("ppl.evaluate needs a declarative model from ppl.models (it predicts from (X, y))")
+    X, y = validate_supervised(problem.model, data, where="evaluation data")
+    if y is None:
+        raise TypeError("ppl.evaluate needs targets: pass (X, y)")
+    prediction = posterior.predict(X, seed=seed, num_samples=num_samples, mode=mode)
+    if prediction.task == "classification":
+        return classification_metrics(prediction, y)
+    return regression_metrics(prediction, y)
+
+
+def compare(posteriors: dict, data, *, seed) -> dict:
+    """``{name: {metric: value, "elpd_loo": ..., "wall_time_s": ...}}`` for several fitted posteriors."""
+    table = {}
+    for name, posterior in posteriors.items():
+        row = evaluate(posterior, data, seed=seed)
+        diagnostics = posterior.diagnostics()
+        row["elpd_loo"] = diagnostics.elpd_loo
+        row["wall_time_s"] = posterior.wall_time_s
+        table[name] = row
+    return table

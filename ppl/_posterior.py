@@ -1,0 +1,333 @@
+"""``Posterior``: the one result type every method returns."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppl._data import validate_inputs
+from ppl._errors import OptionError
+from ppl._results import Prediction
+
+__all__ = ["Posterior", "as_key", "PREDICT_MODES"]
+
+PREDICT_MODES = ("mc", "linearized", "probit")
+_CHUNK = 64  # draws per vectorised chunk when mapping a function over many draws
+
+
+def as_key(seed) -> jax.Array:
+    """A raw uint32 PRNG key from an int seed or a JAX key (typed or raw). Never global state."""
+    if isinstance(seed, (bool, np.bool_)):
+        raise OptionError(f"seed must be an int or a JAX PRNG key, got {seed!r}")
+    if isinstance(seed, (int, np.integer)):
+        return jax.random.PRNGKey(int(seed))
+    if isinstance(seed, jax.Array):
+        if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
+            return jax.random.key_data(seed)
+        if seed.shape == (2,) and seed.dtype == jnp.uint32:
+            return seed
+    raise OptionError(f"seed must be an int or a JAX PRNG key, got {type(seed).__name__}")
+
+
+def seed_record(seed):
+    return int(seed) if isinstance(seed, (int, np.integer)) else [int(v) for v in np.asarray(as_key(seed))]
+
+
+# Module-level jitted maps over draws: the Problem is a pytree argument, so they compile once per
+# problem layout and shape, whatever the data values.
+@jax.jit
+def _constrain_many(problem, flat):
+    return jax.lax.map(problem.constrain, flat, batch_size=_CHUNK)
+
+
+@jax.jit
+def _loglik_many(problem, flat):
+    return jax.lax.map(problem.pointwise_loglik, flat, batch_size=_CHUNK)
+
+
+@jax.jit
+def _logdensity_many(problem, flat):
+    return jax.lax.map(problem.logdensity_fn, flat, batch_size=_CHUNK)
+
+
+@jax.jit
+def _log_jacobian_many(problem, flat):
+    return jax.lax.map(lambda u: problem.log_terms(u).log_jacobian, flat, batch_size=_CHUNK)
+
+
+def _outputs(problem, u, X):
+    params = problem.constrain(u)
+    return problem.apply(params, X), _noise(problem, params)
+
+
+def _noise(problem, params):
+    if problem.likelihood == "gaussian":
+        return problem.model.noise(params)
+    return jnp.zeros(())
+
+
+@jax.jit
+def _outputs_many(problem, flat, X):
+    return jax.lax.map(lambda u: _outputs(problem, u, X), flat, batch_size=_CHUNK)
+
+
+@jax.jit
+def _linearized_many(problem, mean, flat, X):
+    f_mean, jvp_fn = jax.linearize(lambda u: problem.apply(problem.constrain(u), X), mean)
+    deltas = jax.lax.map(jvp_fn, flat - mean, batch_size=_CHUNK)
+    noise = jax.lax.map(lambda u: _noise(problem, problem.constrain(u)), flat, batch_size=_CHUNK)
+    return f_mean + deltas, noise
+
+
+@jax.jit
+def _linearized_variance(problem, mean, sqrt_cov, X):
+    f_mean, jvp_fn = jax.linearize(lambda u: problem.apply(problem.constrain(u), X), mean)
+    columns = jax.lax.map(jvp_fn, sqrt_cov.T, batch_size=_CHUNK)
+    return f_mean, jnp.sum(jnp.square(columns), axis=0)
+
+
+class Posterior:
+    """The result of ``ppl.fit``: draws, the approximation (if it has one), and everything to
+    diagnose, predict, export and save.
+
+    Attributes:
+        method: registry name of the method that produced it.
+        num_chains, num_draws: layout of ``draws``.
+        draws: dict site -> array (chain, draw, *site_shape), constrained space.
+        info: method-specific record (losses, divergences, step sizes, log evidence, ...).
+        wall_time_s, seed, options: how it was produced.
+        approximation: the fitted family (``Gaussian``, ``PointMass``) for density methods; None for
+            samplers.
+    """
+
+    def __init__(
+        self,
+        *,
+        method: str,
+        problem,
+        flat_draws,
+        info: dict | None = None,
+        options: dict | None = None,
+        seed=None,
+        approximation=None,
+        wall_time_s: float = 0.0,
+    ):
+        flat_draws = jnp.asarray(flat_draws)
+        if flat_draws.ndim != 3 or flat_draws.shape[-1] != problem.num_params:
+            raise ValueError(
+                f"flat_draws must have shape (chain, draw, {problem.num_params}), got {flat_draws.shape}"
+            )
+        self.method = method
+        self.problem = problem
+        self.flat_draws = flat_draws
+        self.num_chains, self.num_draws = int(flat_draws.shape[0]), int(flat_draws.shape[1])
+        self.info = dict(info or {})
+        self.options = dict(options or {})
+        self.seed = seed
+        self.approximation = approximation
+        self.wall_time_s = float(wall_time_s)
+        constrained = _constrain_many(problem, self._flat())
+        self.draws = {
+            name: np.asarray(value).reshape(self.num_chains, self.num_draws, *value.shape[1:])
+            for name, value in constrained.items()
+        }
+        self._cache: dict = {}
+
+    def __repr__(self) -> str:
+        shapes = ", ".join(f"{k}{tuple(v.shape[2:])}" for k, v in self.draws.items())
+        return f"Posterior(method={self.method!r}, chains={self.num_chains}, draws={self.num_draws}, sites=[{shapes}])"
+
+    # -- draws -------------------------------------------------------------------------------------
+    def _flat(self) -> jax.Array:
+        return self.flat_draws.reshape(-1, self.flat_draws.shape[-1])
+
+    @property
+    def has_density(self) -> bool:
+        return self.approximation is not None and self.approximation.has_density
+
+    def _flat_sample(self, n: int, key) -> jax.Array:
+        if not isinstance(n, (int, np.integer)) or n < 1:
+            raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+        if self.has_density:
+            return self.approximation.sample(key, int(n))
+        flat = self._flat()
+        total = flat.shape[0]
+        index = jax.random.choice(key, total, (int(n),), replace=int(n) > total)
+        return flat[index]
+
+    def sample(self, n: int, *, seed) -> dict:
+        """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
+        resampled from the stored draws for samplers."""
+        return {k: np.asarray(v) for k, v in _constrain_many(self.problem, self._flat_sample(n, as_key(seed))).items()}
+
+    def log_prob(self, draws: dict) -> np.ndarray:
+        """log q(θ) of constrained draws (dict site -> (n, *shape)) under the fitted approximation."""
+        if not self.has_density:
+            raise TypeError(
+                f"method {self.method!r} has no density q(θ) (it is a sampler or a point estimate); "
+                "log_prob is defined for exact, SVI, Laplace and SWAG posteriors"
+            )
+        from numpyro.distributions import biject_to
+
+        missing = [s.name for s in self.problem.sites if s.name not in draws]
+        if missing:
+            raise KeyError(f"draws lack the sites {missing}; expected {[s.name for s in self.problem.sites]}")
+        # Supports come from a prior trace of the model; sites are unconstrained one by one.
+        supports = self._supports()
+        unconstrained = {}
+        for site in self.problem.sites:
+            value = jnp.asarray(draws[site.name])
+            raw = biject_to(supports[site.name]).inv(value)
+            unconstrained[site.name] = raw.reshape(raw.shape[0], -1)
+        flat = jnp.concatenate([unconstrained[s.name] for s in self.problem.sites], axis=-1)
+        log_q_u = self.approximation.log_prob(flat)
+        return np.asarray(log_q_u - _log_jacobian_many(self.problem, flat))
+
+    def _supports(self) -> dict:
+        from numpyro import handlers
+
+        args, kwargs = self.problem._call(self.problem.data)
+        tr = handlers.trace(handlers.seed(self.problem.model, rng_seed=0)).get_trace(*args, **kwargs)
+        return {s.name: tr[s.name]["fn"].support for s in self.problem.sites}
+
+    # -- cached per-draw quantities used by diagnostics --------------------------------------------
+    def pointwise_log_likelihood(self) -> np.ndarray:
+        """log p(y_i | θ_s) for the stored draws and training data, shape (chain, draw, N)."""
+        if "loglik" not in self._cache:
+            values = np.asarray(_loglik_many(self.problem, self._flat()))
+            self._cache["loglik"] = values.reshape(self.num_chains, self.num_draws, -1)
+        return self._cache["loglik"]
+
+    def log_density_ratios(self) -> np.ndarray | None:
+        """log p̃(θ_s, D) − log q(θ_s) over the stored draws (flattened); None without a density."""
+        if not self.has_density:
+            return None
+        if "log_ratio" not in self._cache:
+            flat = self._flat()
+            self._cache["log_ratio"] = np.asarray(
+                _logdensity_many(self.problem, flat) - self.approximation.log_prob(flat)
+            )
+        return self._cache["log_ratio"]
+
+    def function_draws(self) -> np.ndarray | None:
+        """Network outputs on the fixed probe batch, (chain, draw, M[, C]); None for plain programs."""
+        if not self.problem.is_declarative:
+            return None
+        if "function" not in self._cache:
+            f, _ = _outputs_many(self.problem, self._flat(), self.problem.probe_inputs())
+            f = np.asarray(f)
+            self._cache["function"] = f.reshape(self.num_chains, self.num_draws, *f.shape[1:])
+        return self._cache["function"]
+
+    # -- prediction --------------------------------------------------------------------------------
+    def predict(self, X, *, seed, num_samples: int | None = None, mode: str = "mc") -> Prediction:
+        """Posterior predictive at inputs ``X`` (N, D).
+
+        ``mode="mc"`` pushes posterior draws through the network; ``"linearized"`` pushes them
+        through its first-order expansion at the approximation's mean, f(μ) + J (θ − μ)
+        (Immer et al. 2021); ``"probit"`` (classification) uses the exact linearised variance and the
+        probit approximation σ(f / √(1 + π v / 8)) (MacKay 1992). Both need a Gaussian posterior.
+        With ``num_samples=None`` the stored draws are used.
+        """
+        if mode not in PREDICT_MODES:
+            raise OptionError(f"mode={mode!r} is not one of {PREDICT_MODES}")
+        if not self.problem.is_declarative:
+            raise TypeError(
+                "predict needs a declarative model from ppl.models; for a plain NumPyro function use "
+                "numpyro.infer.Predictive(model, posterior_samples=post.sample(n, seed=...))"
+            )
+        X = jnp.asarray(validate_inputs(X), dtype=self.problem.data[0].dtype)
+        if X.shape[1] != self.problem.data[0].shape[1]:
+            raise OptionError(
+                f"X has {X.shape[1]} features but the model was fitted on {self.problem.data[0].shape[1]}"
+            )
+        key = as_key(seed)
+        if mode != "mc" and not self.has_density:
+            raise TypeError(
+                f"mode={mode!r} needs a Gaussian posterior over weights (exact, SVI Gaussian guides, Laplace, "
+                f"SWAG); {self.method!r} has none — use mode='mc'"
+            )
+        flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
+        task = "regression" if self.problem.likelihood == "gaussian" else "classification"
+        if mode == "probit":
+            if task != "classification":
+                raise OptionError("mode='probit' applies to classification; use 'linearized' for regression")
+            f_mean, f_var = _linearized_variance(
+                self.problem, self.approximation.mean, self.approximation.covariance_sqrt(), X
+            )
+            probs = _class_probs(self.problem.likelihood, f_mean / jnp.sqrt(1.0 + math.pi * f_var / 8.0))
+            return _classification(np.asarray(probs)[None])
+        if mode == "linearized":
+            f, noise = _linearized_many(self.problem, self.approximation.mean, flat, X)
+        else:
+            f, noise = _outputs_many(self.problem, flat, X)
+        if task == "regression":
+            return _regression(np.asarray(f), np.asarray(noise))
+        return _classification(np.asarray(_class_probs(self.problem.likelihood, f)))
+
+    # -- diagnostics, export, persistence ---------------------------------------------------------
+    def diagnostics(self):
+        """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""
+        if "diagnostics" not in self._cache:
+            from ppl.diagnostics import compute_diagnostics
+
+            self._cache["diagnostics"] = compute_diagnostics(self)
+        return self._cache["diagnostics"]
+
+    def to_arviz(self):
+        """``arviz.InferenceData`` with posterior, sample_stats, log_likelihood, observed_data."""
+        from ppl.diagnostics import to_inference_data
+
+        return to_inference_data(self)
+
+    def save(self, path) -> None:
+        """Write the run to directory ``path`` (atomically, file by file); ``ppl.load`` reads it."""
+        from ppl._io import save_posterior
+
+        save_posterior(self, path)
+
+
+def _class_probs(likelihood: str, f) -> jax.Array:
+    if likelihood == "bernoulli":
+        p1 = jax.nn.sigmoid(f)
+        return jnp.stack([1.0 - p1, p1], axis=-1)
+    return jax.nn.softmax(f, axis=-1)
+
+
+def _entropy(p: np.ndarray) -> np.ndarray:
+    safe = np.where(p > 0, p, 1.0)
+    return -np.sum(p * np.log(safe), axis=-1)
+
+
+def _classification(member_probs: np.ndarray) -> Prediction:
+    member_probs = member_probs.astype(np.float64)
+    probs = member_probs.mean(axis=0)
+    entropy = _entropy(probs)
+    aleatoric = _entropy(member_probs).mean(axis=0)
+    return Prediction(
+        task="classification",
+        probs=probs,
+        member_probs=member_probs,
+        entropy=entropy,
+        aleatoric=aleatoric,
+        epistemic=np.maximum(entropy - aleatoric, 0.0),
+    )
+
+
+def _regression(means: np.ndarray, noise: np.ndarray) -> Prediction:
+    means, noise = means.astype(np.float64), noise.astype(np.float64)
+    epistemic = means.var(axis=0)
+    aleatoric = np.full(means.shape[1], np.mean(np.square(noise)))
+    return Prediction(
+        task="regression",
+        mean=means.mean(axis=0),
+        variance=epistemic + aleatoric,
+        epistemic_variance=epistemic,
+        aleatoric_variance=aleatoric,
+        member_means=means,
+        member_noise=np.broadcast_to(noise, (means.shape[0],)).copy(),
+    )
+

@@ -1,0 +1,353 @@
+"""The compiled problem: one model + one dataset + one temperature, as a JAX pytree.
+
+``compile_problem`` turns ``(model, data, temperature, tempering)`` into a :class:`Problem`, the only
+thing a backend sees. A ``Problem`` is a registered pytree: its arrays (data, temperature) are
+leaves and its :class:`ProblemSpec` (model, site layout, tempering mode) is static auxiliary data.
+Backends therefore pass the whole problem into their module-level jitted functions, and a second
+fit on same-shaped data hits the compilation cache instead of retracing.
+
+All parameters are one flat vector ``u`` in unconstrained space. The log density is
+
+    log p̃(u | batch) = a · log p(θ(u)) + b · (N / B) · Σ_batch log p(y_i | θ(u)) + log |det ∂θ/∂u|
+
+with ``a = 1, b = 1/T`` for ``tempering="likelihood"`` and ``a = b = 1/T`` for ``"cold"``
+(p(θ | D)^(1/T) in constrained space; the Jacobian is a change of variables and is not tempered).
+Minibatch scaling N/B and tempering are applied here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+from numpyro import handlers
+from numpyro.distributions import biject_to
+from numpyro.distributions.util import sum_rightmost
+
+from ppl._data import check_batch_size, validate_program_data, validate_supervised
+from ppl._errors import DataError, OptionError
+
+__all__ = ["Problem", "ProblemSpec", "Site", "compile_problem", "TEMPERINGS", "trace_count"]
+
+TEMPERINGS = ("likelihood", "cold")
+PROBE_SIZE = 64
+
+# Incremented each time a log density is traced (not when a cached executable runs): the
+# conformance test reads it to prove that a second same-shaped fit does not recompile.
+_TRACES = {"logdensity": 0}
+
+
+def trace_count() -> int:
+    """How many times any Problem's log density has been traced in this process."""
+    return _TRACES["logdensity"]
+
+
+class Site(NamedTuple):
+    """A latent sample site: its constrained shape and the shape of its unconstrained block."""
+
+    name: str
+    shape: tuple
+    unconstrained_shape: tuple
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.unconstrained_shape))
+
+
+@dataclass(frozen=True)
+class ProblemSpec:
+    """The static (hashable) half of a problem: what is compiled, not what is computed on."""
+
+    model: Any
+    kind: str  # "supervised" (declarative model, data (X, y)) or "program" (plain NumPyro function)
+    tempering: str
+    sites: tuple
+    num_data: int | None
+    static_kwargs: tuple = ()
+
+    @property
+    def num_params(self) -> int:
+        return sum(site.size for site in self.sites)
+
+
+class LogTerms(NamedTuple):
+    log_prior: jax.Array
+    log_likelihood: jax.Array  # summed over the batch, unscaled
+    log_jacobian: jax.Array
+
+
+@jax.tree_util.register_pytree_node_class
+class Problem:
+    """A model bound to data and a temperature. Backends only ever see this.
+
+    Attributes:
+        spec: the static :class:`ProblemSpec`.
+        data: ``(X, y)`` for declarative models, a dict of arrays for plain NumPyro programs.
+        temperature: scalar array T.
+    """
+
+    def __init__(self, spec: ProblemSpec, data, temperature):
+        self.spec = spec
+        self.data = data
+        self.temperature = temperature
+
+    def tree_flatten(self):
+        return (self.data, self.temperature), self.spec
+
+    @classmethod
+    def tree_unflatten(cls, spec, children):
+        return cls(spec, *children)
+
+    # -- structure -------------------------------------------------------------------------------
+    @property
+    def model(self):
+        return self.spec.model
+
+    @property
+    def tempering(self) -> str:
+        return self.spec.tempering
+
+    @property
+    def num_data(self) -> int | None:
+        return self.spec.num_data
+
+    @property
+    def num_params(self) -> int:
+        return self.spec.num_params
+
+    @property
+    def sites(self) -> tuple:
+        return self.spec.sites
+
+    @property
+    def is_declarative(self) -> bool:
+        return self.spec.kind == "supervised"
+
+    @property
+    def init_params(self) -> jax.Array:
+        """A zero vector with the flat unconstrained layout (shape and dtype template)."""
+        return jnp.zeros(self.num_params)
+
+    @property
+    def likelihood(self) -> str | None:
+        return self.model.likelihood if self.is_declarative else None
+
+    def layers(self):
+        """Dense layers of a declarative model (for curvature and last-layer methods)."""
+        self._require_declarative("layers")
+        return self.model.layers(self.data[0].shape[-1])
+
+    def apply(self, params: dict, X) -> jax.Array:
+        """Network output (mean or logits) for constrained ``params`` at inputs ``X``."""
+        self._require_declarative("apply")
+        return self.model.apply(params, X)
+
+    def probe_inputs(self) -> jax.Array:
+        """The fixed probe batch of training inputs used for function-space diagnostics."""
+        self._require_declarative("probe_inputs")
+        return self.data[0][:PROBE_SIZE]
+
+    def _require_declarative(self, what: str) -> None:
+        if not self.is_declarative:
+            raise TypeError(
+                f"Problem.{what} needs a declarative model from ppl.models; this problem wraps the plain "
+                f"NumPyro function {getattr(self.model, '__name__', self.model)!r}"
+            )
+
+    # -- flat parameter vector -------------------------------------------------------------------
+    def unravel(self, u: jax.Array) -> dict:
+        """Split a flat unconstrained vector into per-site unconstrained arrays."""
+        out, start = {}, 0
+        for site in self.sites:
+            out[site.name] = jnp.reshape(u[start : start + site.size], site.unconstrained_shape)
+            start += site.size
+        return out
+
+    def ravel(self, unconstrained: dict) -> jax.Array:
+        return jnp.concatenate([jnp.ravel(unconstrained[site.name]) for site in self.sites])
+
+    # -- the model run -----------------------------------------------------------------------------
+    def _call(self, batch):
+        if self.is_declarative:
+            X, y = batch
+            return (X, y), {}
+        return (), {**batch, **dict(self.spec.static_kwargs)}
+
+    def _trace(self, u: jax.Array, batch):
+        params = self.unravel(u)
+        jacobians = []
+
+        def to_constrained(site):
+            if site["type"] != "sample" or site["is_observed"] or site["name"] not in params:
+                return None
+            raw = params[site["name"]]
+            transform = biject_to(site["fn"].support)
+            value = transform(raw)
+            log_det = transform.log_abs_det_jacobian(raw, value)
+            event_dims = jnp.ndim(log_det) - jnp.ndim(value) + len(site["fn"].event_shape)
+            jacobians.append(jnp.sum(sum_rightmost(log_det, event_dims)))
+            return value
+
+        args, kwargs = self._call(batch)
+        model = handlers.substitute(handlers.seed(self.model, rng_seed=0), substitute_fn=to_constrained)
+        tr = handlers.trace(model).get_trace(*args, **kwargs)
+        return tr, sum(jacobians, jnp.zeros(()))
+
+    def constrain(self, u: jax.Array) -> dict:
+        """Constrained site values for a flat unconstrained vector."""
+        tr, _ = self._trace(u, self.data)
+        return {site.name: tr[site.name]["value"] for site in self.sites}
+
+    def log_terms(self, u: jax.Array, batch=None) -> LogTerms:
+        """Log prior, summed (unscaled) log likelihood of ``batch`` and log |Jacobian| at ``u``."""
+        batch = self.data if batch is None else batch
+        tr, log_jacobian = self._trace(u, batch)
+        log_prior, log_lik = jnp.zeros(()), jnp.zeros(())
+        for site in tr.values():
+            if site["type"] != "sample":
+                continue
+            log_prob = _site_log_prob(site)
+            if site["is_observed"]:
+                log_lik = log_lik + jnp.sum(log_prob)
+            else:
+                log_prior = log_prior + jnp.sum(log_prob)
+        return LogTerms(log_prior, log_lik, log_jacobian)
+
+    def _weights(self, batch):
+        scale = 1.0
+        if self.is_declarative and batch is not None:
+            scale = self.num_data / batch[0].shape[0]
+        inv_t = 1.0 / self.temperature
+        prior_weight = inv_t if self.tempering == "cold" else jnp.ones_like(inv_t)
+        return prior_weight, inv_t * scale
+
+    def logdensity_fn(self, u: jax.Array, batch=None) -> jax.Array:
+        """Tempered, minibatch-scaled log density of the flat unconstrained vector ``u``."""
+        _TRACES["logdensity"] += 1
+        terms = self.log_terms(u, batch)
+        prior_weight, lik_weight = self._weights(batch)
+        return prior_weight * terms.log_prior + lik_weight * terms.log_likelihood + terms.log_jacobian
+
+    def log_joint(self, u: jax.Array, batch=None) -> jax.Array:
+        """Like ``logdensity_fn`` without the Jacobian: its maximiser is the constrained-space MAP."""
+        _TRACES["logdensity"] += 1
+        terms = self.log_terms(u, batch)
+        prior_weight, lik_weight = self._weights(batch)
+        return prior_weight * terms.log_prior + lik_weight * terms.log_likelihood
+
+    def pointwise_loglik(self, u: jax.Array, batch=None) -> jax.Array:
+        """Untempered log p(y_i | θ(u)) per data point, shape (N,) — the input to PSIS-LOO."""
+        batch = self.data if batch is None else batch
+        tr, _ = self._trace(u, batch)
+        observed = [site for site in tr.values() if site["type"] == "sample" and site["is_observed"]]
+        per_point = None
+        for site in observed:
+            log_prob = _site_log_prob(site)
+            if jnp.ndim(log_prob) == 0:
+                raise ValueError(f"observed site {site['name']!r} has no data dimension")
+            log_prob = jnp.sum(jnp.reshape(log_prob, (log_prob.shape[0], -1)), axis=-1)
+            if per_point is not None and per_point.shape != log_prob.shape:
+                raise ValueError("observed sites disagree on the number of data points")
+            per_point = log_prob if per_point is None else per_point + log_prob
+        if per_point is None:
+            raise ValueError("the model has no observed sites")
+        return per_point
+
+    def batch(self, indices: jax.Array):
+        """Rows ``indices`` of the data (declarative models only)."""
+        self._require_declarative("batch")
+        X, y = self.data
+        return X[indices], y[indices]
+
+    def init_position(self, key: jax.Array, strategy: str) -> jax.Array:
+        """A flat unconstrained starting point: ``prior`` draw, ``uniform`` on (-2, 2), or ``zeros``."""
+        if strategy == "zeros":
+            return self.init_params
+        if strategy == "uniform":
+            return jax.random.uniform(key, (self.num_params,), minval=-2.0, maxval=2.0)
+        if strategy == "prior":
+            args, kwargs = self._call(self.data)
+            tr = handlers.trace(handlers.seed(self.model, rng_seed=key)).get_trace(*args, **kwargs)
+            return self.ravel(
+                {s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"]) for s in self.sites}
+            )
+        raise OptionError(f"init={strategy!r} is not one of 'prior', 'uniform', 'zeros'")
+
+
+def _site_log_prob(site) -> jax.Array:
+    log_prob = site["fn"].log_prob(site["value"])
+    if site.get("mask") is not None:
+        log_prob = jnp.where(site["mask"], log_prob, 0.0)
+    if site.get("scale") is not None:
+        log_prob = site["scale"] * log_prob
+    return log_prob
+
+
+def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "likelihood") -> Problem:
+    """Validate ``data`` for ``model`` (on the host, before any tracing) and build the Problem."""
+    from ppl.models import SupervisedModel
+
+    if tempering not in TEMPERINGS:
+        raise OptionError(f"tempering={tempering!r} is not one of {TEMPERINGS}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
+        math.isfinite(temperature) and temperature > 0
+    ):
+        raise OptionError(f"temperature must be a positive finite number, got {temperature!r}")
+
+    if isinstance(model, SupervisedModel):
+        X, y = validate_supervised(model, data)
+        if y is None:
+            raise DataError("data must include targets y to fit a supervised model; got (X, None)")
+        model = model.bind(X, y)
+        arrays = (jnp.asarray(X, dtype=float), jnp.asarray(y))
+        kind, static, num_data = "supervised", (), int(X.shape[0])
+    elif callable(model):
+        program_arrays, static_kwargs = validate_program_data(data)
+        arrays = {k: jnp.asarray(v) for k, v in program_arrays.items()}
+        kind, static, num_data = "program", tuple(sorted(static_kwargs.items())), None
+    else:
+        raise OptionError(
+            f"model must be a ppl.models model or a NumPyro model function, got {type(model).__name__}"
+        )
+
+    spec = ProblemSpec(model, kind, tempering, (), num_data, static)
+    problem = Problem(spec, arrays, jnp.asarray(float(temperature)))
+    sites = _discover_sites(problem)
+    spec = ProblemSpec(model, kind, tempering, sites, num_data, static)
+    return Problem(spec, arrays, jnp.asarray(float(temperature)))
+
+
+def _discover_sites(problem: Problem) -> tuple:
+    args, kwargs = problem._call(problem.data)
+    try:
+        tr = handlers.trace(handlers.seed(problem.model, rng_seed=0)).get_trace(*args, **kwargs)
+    except Exception as error:  # a user's program failing on its own data: say where
+        raise DataError(
+            f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "
+            "matches the model's arguments"
+        ) from error
+    sites = []
+    for site in tr.values():
+        if site["type"] != "sample" or site["is_observed"]:
+            continue
+        if site["fn"].support.is_discrete:
+            raise OptionError(
+                f"latent site {site['name']!r} is discrete; ppl's methods need continuous latent variables "
+                "— marginalise it out (or enumerate it) in the model"
+            )
+        shape = tuple(jnp.shape(site["value"]))
+        transform = biject_to(site["fn"].support)
+        sites.append(Site(site["name"], shape, tuple(transform.inverse_shape(shape))))
+    if not sites:
+        raise OptionError("the model has no latent sample sites; there is nothing to infer")
+    if not any(site["type"] == "sample" and site["is_observed"] for site in tr.values()):
+        raise DataError("the model observed no data: pass the targets (y) so that it conditions on them")
+    return tuple(sites)
+
+
+def check_batch(problem: Problem, batch_size) -> None:
+    check_batch_size(batch_size, problem.num_data)
+

@@ -1,0 +1,67 @@
+"""Progress bars, updated once per chunk of steps (never a device sync per step).
+
+Backends call :func:`task` around a unit of work and :func:`advance` with the number of steps done
+since the last call. Inside a jitted loop, :func:`tick_every` sends one host callback per chunk;
+the callback is a module-level function that reads the currently active bar, so a cached
+executable from an earlier fit reports to the current bar.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+
+import jax
+import jax.numpy as jnp
+
+__all__ = ["enable", "enabled", "task", "advance", "tick_every"]
+
+_STATE = {"enabled": None, "bar": None, "task": None}
+
+
+def enable(flag: bool | None = True) -> None:
+    """Force progress bars on (True), off (False), or back to auto (None: on when stderr is a TTY)."""
+    _STATE["enabled"] = flag
+
+
+def enabled() -> bool:
+    flag = _STATE["enabled"]
+    return sys.stderr.isatty() if flag is None else bool(flag)
+
+
+@contextlib.contextmanager
+def task(description: str, total: int):
+    """Show one bar for ``total`` steps while the block runs (a no-op when disabled)."""
+    if not enabled() or total <= 0:
+        yield
+        return
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False
+    ) as bar:
+        previous = (_STATE["bar"], _STATE["task"])
+        _STATE["bar"], _STATE["task"] = bar, bar.add_task(description, total=total)
+        try:
+            yield
+        finally:
+            _STATE["bar"], _STATE["task"] = previous
+
+
+def advance(steps: int) -> None:
+    bar = _STATE["bar"]
+    if bar is not None:
+        bar.advance(_STATE["task"], int(steps))
+
+
+def _host_tick(steps) -> None:
+    advance(int(steps))
+
+
+def tick_every(step: jax.Array, chunk: int) -> None:
+    """From inside a jitted loop: advance the bar by ``chunk`` every ``chunk``-th step (0-based)."""
+    jax.lax.cond(
+        (step + 1) % chunk == 0,
+        lambda: jax.debug.callback(_host_tick, jnp.asarray(chunk)),
+        lambda: None,
+    )

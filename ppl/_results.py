@@ -1,0 +1,107 @@
+"""Result records every method returns: :class:`Prediction` and :class:`Diagnostics`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+import numpy as np
+
+__all__ = ["Prediction", "Diagnostics", "THRESHOLDS"]
+
+THRESHOLDS = {"rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7}
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Posterior-predictive summary at a batch of inputs.
+
+    Classification: ``probs`` (N, C) posterior-predictive mean (Bernoulli: columns P(y=0), P(y=1)),
+    ``member_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
+    and ``epistemic`` (mutual information), each (N,).
+    Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``.
+    ``log_prob(y)`` gives the pointwise posterior-predictive log density (N,).
+    """
+
+    task: str  # "classification" or "regression"
+    probs: np.ndarray | None = None
+    member_probs: np.ndarray | None = None
+    entropy: np.ndarray | None = None
+    aleatoric: np.ndarray | None = None
+    epistemic: np.ndarray | None = None
+    mean: np.ndarray | None = None
+    variance: np.ndarray | None = None
+    epistemic_variance: np.ndarray | None = None
+    aleatoric_variance: np.ndarray | None = None
+    member_means: np.ndarray | None = None
+    member_noise: np.ndarray | None = None
+
+    def log_prob(self, y) -> np.ndarray:
+        """log p(y_i | x_i, D) per point: log of the mean predictive probability/density."""
+        y = np.asarray(y)
+        if self.task == "classification":
+            labels = y.astype(int)
+            if labels.shape[0] != self.probs.shape[0]:
+                raise ValueError(f"y has {labels.shape[0]} entries but the prediction covers {self.probs.shape[0]} inputs")
+            return np.log(np.clip(self.probs[np.arange(labels.shape[0]), labels], 1e-300, None))
+        if y.shape[0] != self.mean.shape[0]:
+            raise ValueError(f"y has {y.shape[0]} entries but the prediction covers {self.mean.shape[0]} inputs")
+        # Mixture over draws of N(y; f_s, σ_s²): exact for the Monte Carlo predictive.
+        mu, sd = self.member_means, self.member_noise[:, None]
+        log_dens = -0.5 * np.square((y[None, :] - mu) / sd) - np.log(sd) - 0.5 * math.log(2 * math.pi)
+        peak = log_dens.max(axis=0)
+        return peak + np.log(np.mean(np.exp(log_dens - peak), axis=0))
+
+
+@dataclass
+class Diagnostics:
+    """One record, the same fields for every method; a field that does not apply is None, and
+    ``notes`` says why. ``ok`` is False when any applicable threshold is violated; ``warnings`` say
+    which, in words a user can act on."""
+
+    method: str
+    num_chains: int
+    num_draws: int
+    rhat_max: float | None = None
+    rhat_function_max: float | None = None
+    ess_bulk_min: float | None = None
+    ess_tail_min: float | None = None
+    divergences: int | None = None
+    tree_depth_hits: int | None = None
+    khat: float | None = None
+    khat_threshold: float | None = None
+    loo_khat_max: float | None = None
+    elpd_loo: float | None = None
+    elbo: float | None = None
+    log_evidence: float | None = None
+    wall_time_s: float | None = None
+    warnings: list = field(default_factory=list)
+    ok: bool = True
+    notes: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def __str__(self) -> str:
+        rows = [f"Diagnostics — {self.method} ({self.num_chains} chain(s) × {self.num_draws} draws)"]
+        for f in fields(self):
+            if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok"):
+                continue
+            value = getattr(self, f.name)
+            if value is None:
+                shown = "—  " + self.notes.get(f.name, "")
+            elif isinstance(value, float):
+                shown = f"{value:.4g}"
+            else:
+                shown = str(value)
+            rows.append(f"  {f.name:<18} {shown}")
+        rows.append(f"  {'ok':<18} {self.ok}")
+        rows.extend(f"  warning: {w}" for w in self.warnings)
+        return "\n".join(rows)
+
+
+def finite_or_none(value) -> float | None:
+    if value is None:
+        return None
+    value = float(value)
+    return value if math.isfinite(value) else None

@@ -1,0 +1,57 @@
+"""Strict JAX for every test: float64, rank promotion raises; warnings are errors (pyproject)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+jax.config.update("jax_numpy_rank_promotion", "raise")
+
+import ppl  # noqa: E402
+from ppl.models import LinearRegression  # noqa: E402
+
+NOISE = 0.5
+PRIOR = 1.0
+
+
+def closed_form(X, y, prior_scale=PRIOR, noise_scale=NOISE, temperature=1.0, tempering="likelihood"):
+    """Exact posterior of LinearRegression (bias last), straight from DESIGN §9, and log evidence."""
+    n, d = X.shape
+    A = np.hstack([X, np.ones((n, 1))])
+    lik = 1.0 / temperature
+    prior = 1.0 / temperature if tempering == "cold" else 1.0
+    precision = prior * np.eye(d + 1) / prior_scale**2 + lik * A.T @ A / noise_scale**2
+    cov = np.linalg.inv(precision)
+    mean = cov @ (lik * A.T @ y / noise_scale**2)
+    # Untempered log evidence: y ~ N(0, σ²I + s² A Aᵀ).
+    K = noise_scale**2 * np.eye(n) + prior_scale**2 * A @ A.T
+    sign, logdet = np.linalg.slogdet(K)
+    log_evidence = -0.5 * (y @ np.linalg.solve(K, y) + logdet + n * np.log(2 * np.pi))
+    return {"mean": mean, "cov": cov, "precision": precision, "log_evidence": log_evidence}
+
+
+def flat_params(draws):
+    """(chain, draw, D+1) array of w then b, matching closed_form's ordering."""
+    return np.concatenate([draws["w"], draws["b"][..., None]], axis=-1)
+
+
+@pytest.fixture(scope="session")
+def linear_data():
+    return ppl.datasets.load("linear", seed=0)
+
+
+@pytest.fixture(scope="session")
+def linear_model():
+    return LinearRegression(prior_scale=PRIOR, noise_scale=NOISE)
+
+
+@pytest.fixture(scope="session")
+def linear_truth(linear_data):
+    X, y = linear_data.train
+    return closed_form(np.asarray(X), np.asarray(y, dtype=float))

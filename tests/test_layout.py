@@ -1,0 +1,82 @@
+"""The package layout and dependency direction of DESIGN §1, checked by parsing imports."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+FOLDERS = {"ppl": "ppl", "models": "ppl.models", "inference": "ppl.inference", "diagnostics": "ppl.diagnostics"}
+
+
+def _module_level_imports(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def _all_imports(path: Path) -> list[str]:
+    names = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.append(node.module)
+    return names
+
+
+def _files(folder: str):
+    return sorted((ROOT / folder).glob("*.py"))
+
+
+def test_models_and_diagnostics_import_only_core():
+    for folder in ("models", "diagnostics"):
+        for path in _files(folder):
+            for name in _all_imports(path):
+                if folder == "models":
+                    assert not name.startswith(("ppl.inference", "ppl.diagnostics")), (path, name)
+                else:
+                    assert not name.startswith(("ppl.inference", "ppl.models")), (path, name)
+
+
+def test_inference_does_not_import_diagnostics():
+    for path in _files("inference"):
+        for name in _all_imports(path):
+            assert not name.startswith("ppl.diagnostics"), (path, name)
+
+
+def test_core_reaches_backends_lazily():
+    for path in _files("ppl"):
+        for name in _module_level_imports(path):
+            assert not name.startswith(("ppl.inference", "ppl.diagnostics")), (path, name)
+
+
+def test_only_the_adapter_imports_arviz():
+    for folder in FOLDERS:
+        for path in _files(folder):
+            if path.name == "_arviz.py":
+                continue
+            assert not any(n == "arviz" or n.startswith("arviz.") for n in _all_imports(path)), path
+
+
+def test_import_ppl_loads_no_backend():
+    code = "import sys, ppl; print([m for m in sys.modules if m.startswith(('ppl.inference', 'ppl.diagnostics', 'arviz'))])"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_package_dir_mapping():
+    import ppl.diagnostics
+    import ppl.inference
+    import ppl.models
+
+    assert Path(ppl.models.__file__).parent.name == "models"
+    assert Path(ppl.inference.__file__).parent.name == "inference"
+    assert Path(ppl.diagnostics.__file__).parent.name == "diagnostics"
