@@ -94,7 +94,7 @@ class SupervisedModel:
         if not np.all(np.equal(np.mod(y, 1), 0)):
             bad = int(np.flatnonzero(np.mod(y, 1) != 0)[0])
             raise DataError(
-                f"y[{bad}] = {y[bad]!r} is not an integer label; the {self.likelihood} likelihood "
+                f"y[{bad}] = {y[bad].item()!r} is not an integer label; the {self.likelihood} likelihood "
                 "needs class labels (0/1 for bernoulli, 0..C-1 for categorical)"
             )
         labels = y.astype(np.int64)
@@ -103,14 +103,14 @@ class SupervisedModel:
             if outside.size:
                 raise DataError(
                     f"{outside.size} of {n} labels lie outside {{0, 1}} (first: y[{outside[0]}] = "
-                    f"{y[outside[0]]!r}); the bernoulli likelihood needs 0/1 labels — recode them, "
+                    f"{y[outside[0]].item()!r}); the bernoulli likelihood needs 0/1 labels — recode them, "
                     "or use likelihood='categorical'"
                 )
         else:
             negative = np.flatnonzero(labels < 0)
             if negative.size:
                 raise DataError(
-                    f"{negative.size} labels are negative (first: y[{negative[0]}] = {y[negative[0]]!r}); "
+                    f"{negative.size} labels are negative (first: y[{negative[0]}] = {y[negative[0]].item()!r}); "
                     "categorical labels must be 0..C-1"
                 )
             if self.num_classes is not None and labels.max() >= self.num_classes:

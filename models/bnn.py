@@ -91,7 +91,7 @@ class BNN(SupervisedModel):
     def apply(self, params: dict, X):
         h = X
         for layer in self.layers(X.shape[-1]):
-            h = h @ params[layer.weight] + params[layer.bias]
+            h = h @ params[layer.weight] + params[layer.bias][None, :]
             if layer.activation is not None:
                 h = ACTIVATIONS[layer.activation](h)
         return h if self.likelihood == "categorical" else h[..., 0]

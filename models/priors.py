@@ -103,7 +103,28 @@ class ScaleMixture(Prior):
         _check_positive("ScaleMixture.scale2", self.scale2)
 
     def distribution(self, layer, kind, shape, fan_in):
-        mixing = dist.Categorical(probs=jnp.array([self.pi, 1.0 - self.pi]))
-        components = dist.Normal(jnp.zeros(2), jnp.array([self.scale1, self.scale2]))
-        one = dist.MixtureSameFamily(mixing, components)
-        return one.expand(shape).to_event(len(shape))
+        return _ScaleMixtureNormal(self.pi, self.scale1, self.scale2, shape).to_event(len(shape))
+
+
+class _ScaleMixtureNormal(dist.Distribution):
+    """Elementwise π N(0, s1²) + (1 − π) N(0, s2²) with batch shape ``shape``."""
+
+    support = dist.constraints.real
+    reparametrized_params = []
+
+    def __init__(self, pi, scale1, scale2, shape):
+        self.pi, self.scale1, self.scale2 = pi, scale1, scale2
+        super().__init__(batch_shape=tuple(shape))
+
+    def sample(self, key, sample_shape=()):
+        import jax
+
+        key_pick, key_normal = jax.random.split(key)
+        shape = tuple(sample_shape) + self.batch_shape
+        pick = jax.random.bernoulli(key_pick, self.pi, shape)
+        return jax.random.normal(key_normal, shape) * jnp.where(pick, self.scale1, self.scale2)
+
+    def log_prob(self, value):
+        first = math.log(self.pi) + dist.Normal(0.0, self.scale1).log_prob(value)
+        second = math.log(1.0 - self.pi) + dist.Normal(0.0, self.scale2).log_prob(value)
+        return jnp.logaddexp(first, second)

@@ -77,9 +77,9 @@ def _outputs_many(problem, flat, X):
 @jax.jit
 def _linearized_many(problem, mean, flat, X):
     f_mean, jvp_fn = jax.linearize(lambda u: problem.apply(problem.constrain(u), X), mean)
-    deltas = jax.lax.map(jvp_fn, flat - mean, batch_size=_CHUNK)
+    deltas = jax.lax.map(jvp_fn, flat - mean[None, :], batch_size=_CHUNK)
     noise = jax.lax.map(lambda u: _noise(problem, problem.constrain(u)), flat, batch_size=_CHUNK)
-    return f_mean + deltas, noise
+    return f_mean[None] + deltas, noise
 
 
 @jax.jit

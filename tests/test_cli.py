@@ -1,0 +1,45 @@
+"""The ``ppl`` command line, end to end."""
+
+from __future__ import annotations
+
+import json
+
+from ppl.cli import main
+
+
+def test_fit_then_show(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", str(out), "--no-progress"])
+    assert code == 0
+    printed = capsys.readouterr().out
+    assert "log_evidence" in printed and "rmse" in printed
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["rmse"] > 0
+    assert main(["show", str(out)]) == 0
+    assert "exact" in capsys.readouterr().out
+
+
+def test_fit_bnn_with_model_and_method_options(tmp_path, capsys):
+    out = tmp_path / "bnn"
+    args = ["fit", "--model", "bnn", "--data", "iris", "--method", "svi", "--set", "hidden=4",
+            "--set", "steps=200", "--set", "guide=mean_field", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    assert "accuracy" in capsys.readouterr().out
+
+
+def test_csv_file_with_target_column(tmp_path, capsys):
+    csv = tmp_path / "d.csv"
+    lines = ["x1,t,x2"] + [f"{i % 7},{i % 3 * 0.5},{i % 5}" for i in range(40)]
+    csv.write_text("\n".join(lines))
+    assert main(["fit", "--model", "linear", "--data", str(csv), "--target", "t", "--method", "exact",
+                 "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+
+
+def test_datasets_and_methods(capsys):
+    assert main(["datasets"]) == 0
+    assert "breast_cancer" in capsys.readouterr().out
+    assert main(["methods"]) == 0
+    text = capsys.readouterr().out
+    for name in ("exact", "map", "nuts", "hmc", "svi"):
+        assert name in text
+    assert "num_samples = 1000" in text

@@ -1,0 +1,90 @@
+"""Conformance over the method registry (never a hand list): a method is tested once registered.
+
+Every method runs with its default options on the conjugate linear-regression fixture.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from conftest import flat_params
+
+import ppl
+from ppl._problem import trace_count
+from ppl.diagnostics import _arviz
+from ppl.inference.registry import METHODS
+
+FIT_CACHE: dict = {}
+
+
+def _fit(name, model, data, seed):
+    key = (name, seed, id(data))
+    if key not in FIT_CACHE:
+        FIT_CACHE[key] = ppl.fit(model, data, method=name, seed=seed)
+    return FIT_CACHE[key]
+
+
+@pytest.fixture(params=sorted(METHODS))
+def method(request):
+    return request.param
+
+
+def test_returns_valid_posterior(method, linear_model, linear_data):
+    post = _fit(method, linear_model, linear_data.train, 0)
+    assert isinstance(post, ppl.Posterior)
+    assert post.method == method
+    D = linear_data.train.X.shape[1]
+    assert post.draws["w"].shape == (post.num_chains, post.num_draws, D)
+    assert post.draws["b"].shape == (post.num_chains, post.num_draws)
+    assert all(np.all(np.isfinite(v)) for v in post.draws.values())
+    assert post.wall_time_s > 0 and post.seed == 0
+    assert set(post.options) == {f.name for f in dataclasses.fields(type(ppl.inference.get(method)()))}
+    sample = post.sample(7, seed=3)
+    assert sample["w"].shape == (7, D)
+
+
+def test_same_seed_same_draws_different_seed_different(method, linear_model, linear_data):
+    first = _fit(method, linear_model, linear_data.train, 0)
+    again = ppl.fit(linear_model, linear_data.train, method=method, seed=0)
+    for site in first.draws:
+        np.testing.assert_array_equal(first.draws[site], again.draws[site])
+    other = _fit(method, linear_model, linear_data.train, 1)
+    assert not np.array_equal(first.draws["w"], other.draws["w"])
+
+
+def test_diagnostics_compute(method, linear_model, linear_data):
+    post = _fit(method, linear_model, linear_data.train, 0)
+    diag = post.diagnostics()
+    assert isinstance(diag, ppl.Diagnostics)
+    assert diag.method == method and diag.num_chains == post.num_chains
+    for field in dataclasses.fields(diag):
+        if getattr(diag, field.name) is None:
+            assert field.name in diag.notes, f"{field.name} is None without a note"
+    assert "Diagnostics" in str(diag)
+    assert isinstance(diag.ok, bool)
+    assert diag.ok or diag.warnings, "a failed check must say why"
+
+
+def test_second_same_shaped_fit_does_not_recompile(method, linear_model, linear_data):
+    X, y = linear_data.train
+    _fit(method, linear_model, linear_data.train, 0).diagnostics()
+    before = trace_count()
+    shifted = ppl.fit(linear_model, (X, np.asarray(y) + 0.25), method=method, seed=0)
+    shifted.diagnostics()
+    assert trace_count() == before, "a same-shaped dataset retraced the log density"
+
+
+def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, linear_truth):
+    post = _fit(method, linear_model, linear_data.train, 0)
+    draws = flat_params(post.draws)
+    sd_true = np.sqrt(np.diag(linear_truth["cov"]))
+    mean = draws.mean(axis=(0, 1))
+    if post.num_chains * post.num_draws == 1:
+        mcse = np.zeros_like(mean)  # a point estimate: the Gaussian posterior's mode is its mean
+    elif post.approximation is None:
+        mcse = draws.std(axis=(0, 1)) / np.sqrt(_arviz.ess(draws, "bulk"))
+    else:
+        mcse = draws.std(axis=(0, 1)) / np.sqrt(post.num_draws)
+    assert np.all(np.abs(mean - linear_truth["mean"]) <= 0.1 * sd_true + 4 * mcse)

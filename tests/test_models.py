@@ -1,0 +1,110 @@
+"""Models, the compiled Problem (scaling, tempering, constraints) and plain NumPyro programs."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+from scipy import stats
+
+import ppl
+from ppl.diagnostics import _arviz
+from ppl.models import BNN, LinearRegression, from_config
+from ppl.models.priors import FanIn, Isotropic, PerLayer, ScaleMixture
+
+
+def test_bnn_sites_and_layers():
+    model = BNN(hidden=(5, 4), activation="gelu", likelihood="gaussian")
+    X = np.zeros((7, 3))
+    tr = numpyro.handlers.trace(numpyro.handlers.seed(model, 0)).get_trace(jnp.asarray(X))
+    shapes = {k: v["value"].shape for k, v in tr.items() if v["type"] == "sample"}
+    assert shapes == {"w0": (3, 5), "b0": (5,), "w1": (5, 4), "b1": (4,), "w2": (4, 1), "b2": (1,), "sigma": (), "y": (7,)}
+    assert [layer.activation for layer in model.layers(3)] == ["gelu", "gelu", None]
+
+
+@pytest.mark.parametrize(
+    "prior, expected_sd",
+    [(Isotropic(2.0), 2.0), (PerLayer((0.5, 3.0)), 0.5), (FanIn(scale=2.0), 2.0 / np.sqrt(4))],
+)
+def test_priors_set_the_first_layer_scale(prior, expected_sd):
+    d = prior.distribution(0, "weight", (4, 3), fan_in=4)
+    assert np.allclose(np.asarray(d.base_dist.scale), expected_sd)
+
+
+def test_scale_mixture_prior_density():
+    prior = ScaleMixture(pi=0.3, scale1=1.0, scale2=0.1)
+    d = prior.distribution(0, "weight", (2,), fan_in=2)
+    x = jnp.array([0.05, 1.0])
+    expected = np.sum(np.log(0.3 * stats.norm.pdf(x, scale=1.0) + 0.7 * stats.norm.pdf(x, scale=0.1)))
+    assert abs(float(d.log_prob(x)) - expected) < 1e-10
+
+
+def test_model_config_round_trip():
+    model = BNN(hidden=(3, 2), likelihood="categorical", prior=PerLayer((1.0, 2.0, 0.5)), num_classes=4)
+    assert from_config(model.to_config()) == model
+
+
+def test_minibatch_scaling_and_tempering_in_the_problem():
+    rng = np.random.default_rng(1)
+    X, y = rng.standard_normal((10, 2)), rng.standard_normal(10)
+    model = LinearRegression(noise_scale=0.7)
+    u = jnp.asarray(rng.standard_normal(3))
+    for tempering in ("likelihood", "cold"):
+        problem = ppl.compile_problem(model, (X, y), temperature=2.0, tempering=tempering)
+        terms = problem.log_terms(u, problem.batch(jnp.arange(4)))
+        expected_prior = float(terms.log_prior) * (0.5 if tempering == "cold" else 1.0)
+        expected = expected_prior + 0.5 * (10 / 4) * float(terms.log_likelihood)
+        assert abs(float(problem.logdensity_fn(u, problem.batch(jnp.arange(4)))) - expected) < 1e-10
+        # Averaged over every batch of one row, the scaled likelihood is the full-data likelihood.
+        full = problem.log_terms(u).log_likelihood
+        per_row = [problem.log_terms(u, problem.batch(jnp.array([i]))).log_likelihood for i in range(10)]
+        assert abs(10 * np.mean(per_row) - float(full)) < 1e-10
+
+
+def test_constrained_site_has_its_jacobian():
+    X, y = np.ones((3, 1)), np.zeros(3)
+    problem = ppl.compile_problem(LinearRegression(noise_scale=None), (X, y))
+    u = jnp.zeros(problem.num_params).at[-1].set(0.3)  # sites: w, b, sigma (log scale)
+    terms = problem.log_terms(u)
+    assert abs(float(terms.log_jacobian) - 0.3) < 1e-12  # d exp(u)/du = exp(u)
+    assert abs(float(problem.constrain(u)["sigma"]) - np.exp(0.3)) < 1e-12
+
+
+def normal_mean(values, prior_scale=2.0, noise=1.0):
+    mu = numpyro.sample("mu", dist.Normal(0.0, prior_scale))
+    with numpyro.plate("data", values.shape[0]):
+        numpyro.sample("obs", dist.Normal(mu, noise), obs=values)
+
+
+def test_plain_numpyro_program_with_dict_data(tmp_path):
+    rng = np.random.default_rng(2)
+    values = 1.5 + rng.standard_normal(30)
+    post = ppl.fit(normal_mean, {"values": values, "prior_scale": 2.0}, method="nuts", seed=0, num_chains=2)
+    precision = 1 / 2.0**2 + 30
+    mean, sd = values.sum() / precision, precision**-0.5
+    draws = post.draws["mu"]
+    mcse = draws.std() / np.sqrt(_arviz.ess(draws, "bulk"))
+    assert abs(draws.mean() - mean) <= 4 * mcse
+    diag = post.diagnostics()
+    assert diag.rhat_max <= 1.01 and diag.elpd_loo is not None
+    assert diag.rhat_function_max is None and "plain NumPyro" in diag.notes["rhat_function_max"]
+    with pytest.raises(TypeError, match="Predictive"):
+        post.predict(np.zeros((2, 1)), seed=0)
+    post.save(tmp_path / "plain")
+    np.testing.assert_array_equal(ppl.load(tmp_path / "plain").draws["mu"], draws)
+    assert abs(sd - draws.std()) < 0.1 * sd
+
+
+def test_hmc_runs_and_records_step_size(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="hmc", seed=0, num_chains=2, num_warmup=200, num_samples=200)
+    assert post.info["step_size"].shape == (2,)
+    assert post.diagnostics().tree_depth_hits is None
+
+
+def test_seed_accepts_a_jax_key(linear_model, linear_data):
+    a = ppl.fit(linear_model, linear_data.train, method="exact", seed=jax.random.PRNGKey(3))
+    b = ppl.fit(linear_model, linear_data.train, method="exact", seed=jax.random.key(3))
+    np.testing.assert_array_equal(a.draws["w"], b.draws["w"])

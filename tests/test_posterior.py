@@ -1,0 +1,117 @@
+"""Posterior behaviour shared by all methods: save/load, ArviZ export, prediction, reproducibility."""
+
+from __future__ import annotations
+
+import arviz as az
+import matplotlib
+import numpy as np
+import pytest
+
+import ppl
+from ppl.models import BNN, LogisticRegression
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def nuts_linear(linear_model, linear_data):
+    return ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200)
+
+
+def test_chain_zero_is_the_same_whatever_the_number_of_chains(linear_model, linear_data):
+    four = ppl.fit(linear_model, linear_data.train, method="nuts", seed=5, num_chains=4, num_warmup=100, num_samples=100)
+    one = ppl.fit(linear_model, linear_data.train, method="nuts", seed=5, num_chains=1, num_warmup=100, num_samples=100)
+    for site in four.draws:
+        np.testing.assert_array_equal(four.draws[site][0], one.draws[site][0])
+
+
+def test_save_load_round_trip(tmp_path, nuts_linear, linear_data):
+    nuts_linear.save(tmp_path / "run")
+    loaded = ppl.load(tmp_path / "run")
+    assert loaded.method == "nuts" and loaded.options == nuts_linear.options
+    for site in nuts_linear.draws:
+        np.testing.assert_array_equal(loaded.draws[site], nuts_linear.draws[site])
+    np.testing.assert_array_equal(loaded.info["diverging"], nuts_linear.info["diverging"])
+    a, b = loaded.diagnostics(), nuts_linear.diagnostics()
+    assert a.rhat_max == b.rhat_max and a.elpd_loo == b.elpd_loo
+    pa = loaded.predict(linear_data.test.X, seed=1)
+    pb = nuts_linear.predict(linear_data.test.X, seed=1)
+    np.testing.assert_array_equal(pa.mean, pb.mean)
+    assert not list((tmp_path / "run").glob(".*")), "temporary files left behind"
+
+
+def test_save_load_density_method(tmp_path, linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="low_rank", steps=500)
+    post.save(tmp_path / "svi")
+    loaded = ppl.load(tmp_path / "svi")
+    draws = post.sample(5, seed=2)
+    np.testing.assert_allclose(loaded.log_prob(draws), post.log_prob(draws))
+    assert loaded.diagnostics().khat == post.diagnostics().khat
+
+
+def test_arviz_export_is_accepted(nuts_linear, linear_model, linear_data):
+    idata = nuts_linear.to_arviz()
+    for group in ("posterior", "sample_stats", "log_likelihood", "observed_data"):
+        assert group in idata.groups()
+    assert idata.posterior["w"].dims == ("chain", "draw", "feature")
+    summary = az.summary(idata)
+    assert "w[0]" in summary.index
+    loo = az.loo(idata)
+    assert np.isfinite(loo.elpd_loo)
+    assert abs(loo.elpd_loo - nuts_linear.diagnostics().elpd_loo) < 0.5
+    other = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    table = az.compare({"nuts": idata, "exact": other.to_arviz()})
+    assert set(table.index) == {"nuts", "exact"}
+    axes = az.plot_trace(idata, var_names=["b"])
+    assert axes.shape[0] == 1
+    matplotlib.pyplot.close("all")
+
+
+def test_log_prob_matches_the_family(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    draws = post.sample(11, seed=4)
+    flat = np.concatenate([draws["w"], draws["b"][:, None]], axis=1)
+    expected = np.asarray(post.approximation.log_prob(flat))  # identity transforms: no Jacobian
+    np.testing.assert_allclose(post.log_prob(draws), expected)
+    nuts = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=50, num_samples=50, num_chains=1)
+    with pytest.raises(TypeError, match="no density"):
+        nuts.log_prob(draws)
+
+
+def test_linearized_prediction_of_a_linear_model_equals_mc(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    mc = post.predict(linear_data.test.X, seed=1)
+    lin = post.predict(linear_data.test.X, seed=1, mode="linearized")
+    np.testing.assert_allclose(lin.mean, mc.mean, rtol=1e-10)
+    np.testing.assert_allclose(lin.variance, mc.variance, rtol=1e-10)
+
+
+def test_classification_prediction_and_probit():
+    data = ppl.datasets.load("two_moons", seed=0)
+    post = ppl.fit(LogisticRegression(), data.train, method="svi", seed=0, guide="full_rank", steps=1500)
+    pred = post.predict(data.test.X, seed=1)
+    assert pred.probs.shape == (data.test.X.shape[0], 2)
+    np.testing.assert_allclose(pred.probs.sum(axis=1), 1.0)
+    assert pred.member_probs.shape == (post.num_draws, data.test.X.shape[0], 2)
+    np.testing.assert_allclose(pred.entropy, pred.aleatoric + pred.epistemic, atol=1e-12)
+    probit = post.predict(data.test.X, seed=1, mode="probit")
+    # The probit approximation is close to the MC predictive for a near-Gaussian logit.
+    assert np.max(np.abs(probit.probs - pred.probs)) < 0.05
+    metrics = ppl.evaluate(post, data.test, seed=1)
+    assert set(metrics) == {"nll", "accuracy", "ece", "brier"}
+    assert 0.8 < metrics["accuracy"] <= 1.0
+
+
+def test_categorical_bnn_reads_classes_from_labels():
+    data = ppl.datasets.load("iris", seed=0)
+    post = ppl.fit(BNN(hidden=(8,), likelihood="categorical"), data.train, method="map", seed=0, steps=300)
+    assert post.draws["w1"].shape[-1] == 3
+    pred = post.predict(data.test.X, seed=0)
+    assert pred.probs.shape == (data.test.X.shape[0], 3)
+
+
+def test_regression_metrics(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    metrics = ppl.evaluate(post, linear_data.test, seed=1)
+    assert set(metrics) == {"nll", "rmse", "coverage_90"}
+    assert metrics["rmse"] < 1.0 and 0.6 <= metrics["coverage_90"] <= 1.0
