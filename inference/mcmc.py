@@ -69,21 +69,21 @@ def _chain(config: _ChainConfig, problem, key):
         model_args=(problem,),
         rng_key=run_key,
     )
-    total = config.num_warmup + config.num_samples
-    every = max(1, math.ceil(total / _PROGRESS_CHUNKS))
+    warmup_every = max(1, math.ceil(config.num_warmup / _PROGRESS_CHUNKS))
+    sample_every = max(1, math.ceil(config.num_samples / _PROGRESS_CHUNKS))
 
     def warmup_step(state, step):
-        _progress.tick_every(step, every)
+        _progress.tick_every(step, warmup_every, phase=0)
         return sample_kernel(state, model_args=(problem,)), None
 
     def sample_step(state, step):
-        _progress.tick_every(step, every)
+        _progress.tick_every(step, sample_every, phase=1)
         state = sample_kernel(state, model_args=(problem,))
         stats = (state.z, state.diverging, state.num_steps, state.accept_prob, state.energy)
         return state, stats
 
     state, _ = jax.lax.scan(warmup_step, state, jnp.arange(config.num_warmup))
-    state, stats = jax.lax.scan(sample_step, state, config.num_warmup + jnp.arange(config.num_samples))
+    state, stats = jax.lax.scan(sample_step, state, jnp.arange(config.num_samples))
     adapt = state.adapt_state
     return stats, adapt.step_size, adapt.inverse_mass_matrix
 
@@ -131,8 +131,15 @@ class _MCMC(Method):
         self.check(problem)
         config = self._config()
         keys = [jax.random.fold_in(key, i) for i in range(self.num_chains)]
-        total = self.num_chains * (self.num_warmup + self.num_samples)
-        with _progress.task(f"{self.name} ({self.num_chains} chains, warmup + sampling)", total):
+        # Vectorized chains share one loop, so the bars count steps of all chains at once.
+        together = self.chain_method == "vectorized"
+        per_bar = 1 if together else self.num_chains
+        label = f"{self.num_chains} chains{' in parallel' if together else ''}"
+        with _progress.task(
+            f"{self.name} warmup ({label})",
+            per_bar * self.num_warmup,
+            (f"{self.name} sampling ({label})", per_bar * self.num_samples),
+        ):
             if self.chain_method == "vectorized":
                 stats, step_size, inverse_mass = _chains_vectorized(config, problem, jnp.stack(keys))
             else:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 __all__ = ["enable", "enabled", "task", "advance", "tick_every"]
 
-_STATE = {"enabled": None, "bar": None, "task": None}
+_STATE = {"enabled": None, "bar": None, "tasks": ()}
 
 
 def enable(flag: bool | None = True) -> None:
@@ -30,9 +30,11 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def task(description: str, total: int):
-    """Show one bar for ``total`` steps while the block runs (a no-op when disabled)."""
-    if not enabled() or total <= 0:
+def task(description: str, total: int, *more: tuple[str, int]):
+    """Show bars while the block runs (a no-op when disabled): one for ``total`` steps, and one per
+    extra ``(description, total)`` phase, e.g. warmup then sampling."""
+    phases = ((description, total), *more)
+    if not enabled() or all(t <= 0 for _, t in phases):
         yield
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -40,28 +42,29 @@ def task(description: str, total: int):
     with Progress(
         TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False
     ) as bar:
-        previous = (_STATE["bar"], _STATE["task"])
-        _STATE["bar"], _STATE["task"] = bar, bar.add_task(description, total=total)
+        previous = (_STATE["bar"], _STATE["tasks"])
+        _STATE["bar"] = bar
+        _STATE["tasks"] = tuple(bar.add_task(d, total=t) for d, t in phases)
         try:
             yield
         finally:
-            _STATE["bar"], _STATE["task"] = previous
+            _STATE["bar"], _STATE["tasks"] = previous
 
 
-def advance(steps: int) -> None:
+def advance(steps: int, phase: int = 0) -> None:
     bar = _STATE["bar"]
     if bar is not None:
-        bar.advance(_STATE["task"], int(steps))
+        bar.advance(_STATE["tasks"][phase], int(steps))
 
 
-def _host_tick(steps) -> None:
-    advance(int(steps))
+def _host_tick(steps, phase) -> None:
+    advance(int(steps), int(phase))
 
 
-def tick_every(step: jax.Array, chunk: int) -> None:
-    """From inside a jitted loop: advance the bar by ``chunk`` every ``chunk``-th step (0-based)."""
+def tick_every(step: jax.Array, chunk: int, phase: int = 0) -> None:
+    """From inside a jitted loop: advance bar ``phase`` by ``chunk`` every ``chunk``-th step (0-based)."""
     jax.lax.cond(
         (step + 1) % chunk == 0,
-        lambda: jax.debug.callback(_host_tick, jnp.asarray(chunk)),
+        lambda: jax.debug.callback(_host_tick, jnp.asarray(chunk), jnp.asarray(phase)),
         lambda: None,
     )
