@@ -43,3 +43,19 @@ def test_datasets_and_methods(capsys):
     for name in ("exact", "map", "nuts", "hmc", "svi"):
         assert name in text
     assert "num_samples = 1000" in text
+
+
+def test_console_script_in_default_float32(tmp_path):
+    # A separate process: the user's default precision (float32), not the tests' float64.
+    import subprocess
+    import sys
+
+    out = tmp_path / "f32"
+    result = subprocess.run(
+        [sys.executable, "-m", "ppl.cli", "fit", "--model", "logistic", "--data", "breast_cancer", "--method", "svi",
+         "--set", "steps=500", "--set", "guide=full_rank", "--out", str(out), "--no-progress"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"]["accuracy"] > 0.9

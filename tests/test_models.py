@@ -108,3 +108,25 @@ def test_seed_accepts_a_jax_key(linear_model, linear_data):
     a = ppl.fit(linear_model, linear_data.train, method="exact", seed=jax.random.PRNGKey(3))
     b = ppl.fit(linear_model, linear_data.train, method="exact", seed=jax.random.key(3))
     np.testing.assert_array_equal(a.draws["w"], b.draws["w"])
+
+
+def test_full_size_minibatches_equal_full_batch_training(linear_model, linear_data):
+    # batch_size = N draws a permutation of all rows each step (scale N/B = 1): the same objective,
+    # summed in another order, so the results agree to rounding.
+    n = linear_data.train.X.shape[0]
+    full = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300)
+    batched = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, batch_size=n)
+    np.testing.assert_allclose(np.asarray(batched.approximation.mean), np.asarray(full.approximation.mean), rtol=1e-8)
+    np.testing.assert_allclose(batched.info["losses"], full.info["losses"], rtol=1e-9)
+
+
+def test_nuts_refuses_draws_that_do_not_fit(linear_model, linear_data):
+    with pytest.raises(ppl.MemoryBudgetError, match="GiB"):
+        ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_samples=10**9)
+
+
+def test_compare_tabulates_methods(linear_model, linear_data):
+    posts = {m: ppl.fit(linear_model, linear_data.train, method=m, seed=0) for m in ("exact", "map")}
+    table = ppl.compare(posts, linear_data.test, seed=0)
+    assert set(table) == {"exact", "map"}
+    assert table["exact"]["elpd_loo"] is not None and table["map"]["elpd_loo"] is None
