@@ -31,31 +31,34 @@ def compute_diagnostics(posterior) -> Diagnostics:
     # -- Markov-chain convergence ------------------------------------------------------------------
     if is_sampler:
         arrays = list(posterior.draws.values())
-        record.rhat_max = max_rhat(arrays)
+        multi_chain = posterior.num_chains >= 2
+        record.rhat_max = max_rhat(arrays) if multi_chain else None
         record.ess_bulk_min = min_ess(arrays, "bulk")
         record.ess_tail_min = min_ess(arrays, "tail")
         functions = posterior.function_draws()
-        if functions is not None:
+        if functions is not None and multi_chain:
             record.rhat_function_max = max_rhat([functions])
-        else:
+        elif functions is None:
             notes["rhat_function_max"] = "plain NumPyro program: no network outputs to probe"
         symmetric = _has_hidden_layers(problem)
-        if posterior.num_chains < 2:
+        if not multi_chain:
             notes["rhat_max"] = notes["rhat_function_max"] = "R-hat compares chains: run num_chains ≥ 2"
         elif symmetric:
             notes["rhat_max"] = (
                 "weight-space R-hat of a network with hidden layers is inflated by permutation and sign "
                 "symmetries even for a perfect sampler; judge convergence by rhat_function_max"
             )
-        rhat_for_ok = record.rhat_function_max if symmetric else record.rhat_max
-        if rhat_for_ok is not None and rhat_for_ok > THRESHOLDS["rhat"]:
-            space = "function-space " if symmetric else ""
+        # Without hidden layers weights are identifiable and both R-hats count; with them, only the
+        # function-space one does. One warning names the worst.
+        candidates = [("function-space R-hat", record.rhat_function_max)]
+        if not symmetric:
+            candidates.append(("R-hat", record.rhat_max))
+        label, worst = max(((n, v) for n, v in candidates if v is not None), key=lambda c: c[1], default=(None, None))
+        if worst is not None and worst > THRESHOLDS["rhat"]:
             warnings.append(
-                f"{space}R-hat {rhat_for_ok:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer "
+                f"{label} {worst:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer "
                 "(num_warmup, num_samples) or reparameterise"
             )
-        if record.rhat_function_max is not None and not symmetric and record.rhat_function_max > THRESHOLDS["rhat"]:
-            warnings.append(f"function-space R-hat {record.rhat_function_max:.3f} > {THRESHOLDS['rhat']}")
         ess_needed = THRESHOLDS["ess_per_chain"] * posterior.num_chains
         for field, label in (("ess_bulk_min", "bulk"), ("ess_tail_min", "tail")):
             value = getattr(record, field)
@@ -116,7 +119,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
         record.log_evidence = float(info["log_evidence"])
     else:
         notes["log_evidence"] = "only closed-form methods give the log evidence"
-    if "converged" in info and not info["converged"]:
+    if info.get("converged") is False:
         warnings.append(
             f"the loss did not settle (last-window change {info['loss_change']:.3g} ± {info['loss_change_se']:.2g}): "
             "raise steps"
@@ -131,10 +134,12 @@ def compute_diagnostics(posterior) -> Diagnostics:
         if is_sampler:
             elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(loglik))
         else:
-            usable = log_ratios is not None and record.khat is not None and record.khat <= 0.7
+            usable = log_ratios is not None and record.khat <= record.khat_threshold
             elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
             if not usable and log_ratios is not None:
-                notes["elpd_loo"] = "q is too far from the posterior (k-hat > 0.7) to correct by; LOO uses q's draws as is"
+                notes["elpd_loo"] = (
+                    "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
+                )
         record.elpd_loo = finite_or_none(elpd)
         record.loo_khat_max = finite_or_none(np.max(k))
         if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
@@ -149,7 +154,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
             record.divergences not in (None, 0),
             (record.khat is not None and record.khat > record.khat_threshold),
             any("R-hat" in w or "ESS" in w for w in warnings),
-            ("converged" in info and not info["converged"]),
+            info.get("converged") is False,
         ]
     )
     return record

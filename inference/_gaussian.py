@@ -253,7 +253,7 @@ class PointMass:
         return jnp.broadcast_to(self.loc, (n, self.loc.shape[-1]))
 
     def log_prob(self, x):
-        raise TypeError("a point estimate has no density; log_prob is defined for SVI, exact, Laplace and SWAG posteriors")
+        raise TypeError("a point estimate has no density; log_prob needs a Gaussian approximation (exact, svi)")
 
     def arrays(self) -> dict:
         return {"loc": self.loc}

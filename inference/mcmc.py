@@ -48,14 +48,13 @@ class _ChainConfig:
     algo: str
     num_warmup: int
     num_samples: int
-    target_accept: float
     max_tree_depth: int
-    trajectory_length: float
     dense_mass: bool
     init: str
 
 
-def _chain(config: _ChainConfig, problem, key):
+def _chain(config: _ChainConfig, problem, key, target_accept, trajectory_length):
+    # target_accept and trajectory_length are arrays: tuning them does not recompile.
     init_key, run_key = jax.random.split(key)
     position = problem.init_position(init_key, config.init)
     init_kernel, sample_kernel = hmc(potential_fn_gen=_potential_fn_gen, algo=config.algo)
@@ -63,9 +62,9 @@ def _chain(config: _ChainConfig, problem, key):
         position,
         config.num_warmup,
         dense_mass=config.dense_mass,
-        target_accept_prob=config.target_accept,
+        target_accept_prob=target_accept,
         max_tree_depth=config.max_tree_depth,
-        trajectory_length=config.trajectory_length,
+        trajectory_length=trajectory_length,
         model_args=(problem,),
         rng_key=run_key,
     )
@@ -92,8 +91,8 @@ _chain_jit = jax.jit(_chain, static_argnames=("config",))
 
 
 @partial(jax.jit, static_argnames=("config",))
-def _chains_vectorized(config, problem, keys):
-    return jax.vmap(lambda k: _chain(config, problem, k))(keys)
+def _chains_vectorized(config, problem, keys, target_accept, trajectory_length):
+    return jax.vmap(lambda k: _chain(config, problem, k, target_accept, trajectory_length))(keys)
 
 
 @dataclass(frozen=True)
@@ -118,6 +117,9 @@ class _MCMC(Method):
     def _config(self) -> _ChainConfig:
         raise NotImplementedError
 
+    def _trajectory_length(self) -> float:
+        return 2 * math.pi  # unused by NUTS; NumPyro's default
+
     def check(self, problem) -> None:
         size = self.num_chains * self.num_samples * problem.num_params * np.dtype(problem.init_params.dtype).itemsize
         if size > MAX_DRAW_BYTES:
@@ -140,10 +142,12 @@ class _MCMC(Method):
             per_bar * self.num_warmup,
             (f"{self.name} sampling ({label})", per_bar * self.num_samples),
         ):
+            dtype = problem.init_params.dtype
+            tuning = (jnp.asarray(self.target_accept, dtype), jnp.asarray(self._trajectory_length(), dtype))
             if self.chain_method == "vectorized":
-                stats, step_size, inverse_mass = _chains_vectorized(config, problem, jnp.stack(keys))
+                stats, step_size, inverse_mass = _chains_vectorized(config, problem, jnp.stack(keys), *tuning)
             else:
-                results = [_chain_jit(config, problem, k) for k in keys]
+                results = [_chain_jit(config, problem, k, *tuning) for k in keys]
                 stats, step_size, inverse_mass = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *results)
         positions, diverging, num_steps, accept_prob, energy = (np.asarray(x) for x in stats)
         info = {
@@ -178,10 +182,7 @@ class NUTS(_MCMC):
         check_positive_int(self.name, "max_tree_depth", self.max_tree_depth)
 
     def _config(self) -> _ChainConfig:
-        return _ChainConfig(
-            "NUTS", self.num_warmup, self.num_samples, float(self.target_accept), self.max_tree_depth,
-            2 * math.pi, self.dense_mass, self.init,
-        )
+        return _ChainConfig("NUTS", self.num_warmup, self.num_samples, self.max_tree_depth, self.dense_mass, self.init)
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,8 @@ class HMC(_MCMC):
         check_positive(self.name, "trajectory_length", self.trajectory_length)
 
     def _config(self) -> _ChainConfig:
-        return _ChainConfig(
-            "HMC", self.num_warmup, self.num_samples, float(self.target_accept), 10,
-            float(self.trajectory_length), self.dense_mass, self.init,
-        )
+        # max_tree_depth does not apply to HMC; 10 only fills the field NumPyro reads for NUTS.
+        return _ChainConfig("HMC", self.num_warmup, self.num_samples, 10, self.dense_mass, self.init)
+
+    def _trajectory_length(self) -> float:
+        return float(self.trajectory_length)

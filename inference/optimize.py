@@ -1,4 +1,4 @@
-"""Gradient-based optimisation shared by ``map``, ``svi`` (and later SWAG and ensembles), and ``map``.
+"""Gradient-based optimisation shared by ``map`` and ``svi`` (and later SWAG and ensembles), and ``map``.
 
 :func:`minimize` runs an objective in chunks of steps. Each chunk is one jitted ``lax.scan``;
 between chunks the host checks for non-finite losses/parameters (stopping at the first bad chunk
@@ -37,7 +37,6 @@ class OptimizerConfig:
     """Static description of an optimisation run (hashable: it keys the compilation cache)."""
 
     optimizer: str  # "adam" or "lbfgs"
-    learning_rate: float
     steps: int
     schedule: str = "cosine"
     batch_size: int | None = None
@@ -45,14 +44,15 @@ class OptimizerConfig:
     # curvature pair, which vanishes at an exact optimum).
     grad_tol: float = 1e-9
 
-    def build(self) -> optax.GradientTransformation:
+    def build(self, learning_rate) -> optax.GradientTransformation:
+        """The optax transformation; ``learning_rate`` may be a traced array (no recompilation)."""
         if self.optimizer == "lbfgs":
             return optax.lbfgs()
         if self.schedule == "cosine":
             # Decay to 1% of the rate: late iterates average out the gradient noise of MC objectives.
-            rate = optax.cosine_decay_schedule(self.learning_rate, self.steps, alpha=0.01)
+            rate = optax.cosine_decay_schedule(learning_rate, self.steps, alpha=0.01)
         else:
-            rate = self.learning_rate
+            rate = learning_rate
         return optax.adam(rate)
 
 
@@ -69,8 +69,8 @@ class NegativeLogJoint:
 
 
 @partial(jax.jit, static_argnames=("config",))
-def _init_state(config, params):
-    return config.build().init(params)
+def _init_state(config, params, learning_rate):
+    return config.build(learning_rate).init(params)
 
 
 def _select(flag, new, old):
@@ -78,8 +78,8 @@ def _select(flag, new, old):
 
 
 @partial(jax.jit, static_argnames=("objective", "config", "num_steps"))
-def _run_chunk(objective, config, problem, params, opt_state, key, start, num_steps):
-    optimizer = config.build()
+def _run_chunk(objective, config, problem, params, opt_state, key, start, learning_rate, num_steps):
+    optimizer = config.build(learning_rate)
 
     def one_step(carry, step):
         params, opt_state = carry
@@ -131,15 +131,16 @@ def _nonfinite_sites(params, problem) -> list[str]:
     return names
 
 
-def minimize(objective, config: OptimizerConfig, problem, params, key, *, label: str):
+def minimize(objective, config: OptimizerConfig, problem, params, key, *, learning_rate: float, label: str):
     """Minimise ``objective(params, problem, key, batch)``; returns (params, losses (steps,))."""
     chunk = max(1, math.ceil(config.steps / _NUM_CHUNKS))
-    opt_state = _init_state(config, params)
+    learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
+    opt_state = _init_state(config, params, learning_rate)
     history = []
     with _progress.task(label, config.steps):
         for start in range(0, config.steps, chunk):
             new_params, new_state, losses = _run_chunk(
-                objective, config, problem, params, opt_state, key, jnp.asarray(start), chunk
+                objective, config, problem, params, opt_state, key, jnp.asarray(start), learning_rate, chunk
             )
             losses = np.asarray(losses)[: min(chunk, config.steps - start)]
             finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
@@ -169,7 +170,8 @@ def loss_convergence(losses: np.ndarray) -> dict:
     """
     window = max(10, len(losses) // 10)
     if len(losses) < 2 * window:
-        return {"converged": False, "loss_change": None, "loss_change_se": None, "final_loss": float(losses[-1])}
+        # Too few steps to judge: None, not a verdict either way.
+        return {"converged": None, "loss_change": None, "loss_change_se": None, "final_loss": float(losses[-1])}
     last, before = losses[-window:], losses[-2 * window : -window]
     change = float(last.mean() - before.mean())
     se = float(math.sqrt(last.var() / window + before.var() / window))
@@ -210,13 +212,15 @@ class MAP(Method):
         optimizer = self.optimizer
         if optimizer == "auto":
             optimizer = "adam" if self.batch_size is not None else "lbfgs"
-        return OptimizerConfig(optimizer, float(self.learning_rate), int(self.steps), "cosine", self.batch_size)
+        return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size)
 
     def run(self, key, problem) -> Posterior:
         self.check(problem)
         init_key, run_key = jax.random.split(key)
         start = problem.init_position(init_key, self.init)
-        params, losses = minimize(NegativeLogJoint(), self.config(), problem, start, run_key, label="map")
+        params, losses = minimize(
+            NegativeLogJoint(), self.config(), problem, start, run_key, learning_rate=self.learning_rate, label="map"
+        )
         info = {"losses": losses, "optimizer": self.config().optimizer, **loss_convergence(losses)}
         return Posterior(
             method=self.name, problem=problem, flat_draws=params[None, None], info=info, approximation=PointMass(params)

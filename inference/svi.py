@@ -119,8 +119,10 @@ class SVI(Method):
         objective = (
             NegativeLogJoint() if self.guide == "delta" else NegativeELBO(self.guide, self.num_particles)
         )
-        config = OptimizerConfig("adam", float(self.learning_rate), int(self.steps), self.schedule, self.batch_size)
-        params, losses = minimize(objective, config, problem, params, run_key, label=f"svi ({self.guide})")
+        config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size)
+        params, losses = minimize(
+            objective, config, problem, params, run_key, learning_rate=self.learning_rate, label=f"svi ({self.guide})"
+        )
         family = guide_family(self.guide, params)
         num_draws = 1 if self.guide == "delta" else self.num_draws
         flat = draw(family, draw_key, num_draws)

@@ -168,7 +168,7 @@ class Posterior:
         if not self.has_density:
             raise TypeError(
                 f"method {self.method!r} has no density q(θ) (it is a sampler or a point estimate); "
-                "log_prob is defined for exact, SVI, Laplace and SWAG posteriors"
+                "log_prob is defined for methods with a fitted approximation (exact, svi with a Gaussian guide)"
             )
         from numpyro.distributions import biject_to
 
@@ -247,8 +247,8 @@ class Posterior:
         key = as_key(seed)
         if mode != "mc" and not self.has_density:
             raise TypeError(
-                f"mode={mode!r} needs a Gaussian posterior over weights (exact, SVI Gaussian guides, Laplace, "
-                f"SWAG); {self.method!r} has none — use mode='mc'"
+                f"mode={mode!r} needs a Gaussian posterior over weights (exact, svi with a Gaussian guide); "
+                f"{self.method!r} has none — use mode='mc'"
             )
         flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
         task = "regression" if self.problem.likelihood == "gaussian" else "classification"
@@ -258,8 +258,9 @@ class Posterior:
             f_mean, f_var = _linearized_variance(
                 self.problem, self.approximation.mean, self.approximation.covariance_sqrt(), X
             )
-            probs = _class_probs(self.problem.likelihood, f_mean / jnp.sqrt(1.0 + math.pi * f_var / 8.0))
-            return _classification(np.asarray(probs)[None])
+            probs = np.asarray(_class_probs(self.problem.likelihood, f_mean / jnp.sqrt(1.0 + math.pi * f_var / 8.0)))
+            # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
+            return Prediction(task="classification", probs=probs, entropy=_entropy(probs.astype(np.float64)))
         if mode == "linearized":
             f, noise = _linearized_many(self.problem, self.approximation.mean, flat, X)
         else:

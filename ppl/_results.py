@@ -18,7 +18,8 @@ class Prediction:
 
     Classification: ``probs`` (N, C) posterior-predictive mean (Bernoulli: columns P(y=0), P(y=1)),
     ``member_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
-    and ``epistemic`` (mutual information), each (N,).
+    and ``epistemic`` (mutual information), each (N,). The closed-form ``probit`` predictive has no
+    per-draw probabilities: there ``member_probs``, ``aleatoric`` and ``epistemic`` are None.
     Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``.
     ``log_prob(y)`` gives the pointwise posterior-predictive log density (N,).
     """

@@ -88,3 +88,18 @@ def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, lin
     else:
         mcse = draws.std(axis=(0, 1)) / np.sqrt(post.num_draws)
     assert np.all(np.abs(mean - linear_truth["mean"]) <= 0.1 * sd_true + 4 * mcse)
+
+
+def test_tuning_numbers_do_not_recompile(linear_model, linear_data):
+    # DESIGN §5: tunable numbers are array arguments. Temperature, learning rate and target
+    # acceptance change values, not compiled programs.
+    runs = [
+        ("svi", {"steps": 200}, {"learning_rate": 0.02}),
+        ("map", {"optimizer": "adam", "steps": 100}, {"learning_rate": 0.05}),
+        ("nuts", {"num_warmup": 50, "num_samples": 50, "num_chains": 1}, {"target_accept": 0.9}),
+    ]
+    for name, base, changed in runs:
+        ppl.fit(linear_model, linear_data.train, method=name, seed=0, **base)
+        before = trace_count()
+        ppl.fit(linear_model, linear_data.train, method=name, seed=0, temperature=2.0, **base, **changed)
+        assert trace_count() == before, f"{name} recompiled for {changed} or a new temperature"
