@@ -147,7 +147,16 @@ class _MCMC(Method):
             if self.chain_method == "vectorized":
                 stats, step_size, inverse_mass = _chains_vectorized(config, problem, jnp.stack(keys), *tuning)
             else:
-                results = [_chain_jit(config, problem, k, *tuning) for k in keys]
+                # Chain i runs on device i mod D. Dispatch is asynchronous, so with several devices
+                # (GPUs, or CPU host devices via XLA_FLAGS=--xla_force_host_platform_device_count)
+                # the chains run concurrently; each is the same compiled program, so the draws do
+                # not depend on the placement.
+                devices = jax.devices()
+                results = []
+                for i, k in enumerate(keys):
+                    placed = jax.device_put((problem, k, tuning), devices[i % len(devices)])
+                    results.append(_chain_jit(config, placed[0], placed[1], *placed[2]))
+                results = jax.device_get(results)
                 stats, step_size, inverse_mass = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *results)
         positions, diverging, num_steps, accept_prob, energy = (np.asarray(x) for x in stats)
         info = {

@@ -130,3 +130,28 @@ def test_compare_tabulates_methods(linear_model, linear_data):
     table = ppl.compare(posts, linear_data.test, seed=0)
     assert set(table) == {"exact", "map"}
     assert table["exact"]["elpd_loo"] is not None and table["map"]["elpd_loo"] is None
+
+
+def test_chains_spread_over_devices_give_the_same_draws(tmp_path):
+    # DESIGN §8: chains map onto devices. Four CPU host devices in a subprocess must reproduce the
+    # one-device draws exactly (each chain is the same compiled program wherever it runs).
+    import subprocess
+    import sys
+
+    script = (
+        "import jax, numpy as np, ppl\n"
+        "jax.config.update('jax_enable_x64', True)\n"
+        "from ppl.models import LinearRegression\n"
+        "d = ppl.datasets.load('linear', seed=0)\n"
+        "p = ppl.fit(LinearRegression(noise_scale=0.5), d.train, method='nuts', seed=0, num_warmup=100, num_samples=100)\n"
+        "print(len(jax.devices())); np.save(__import__('sys').argv[1], p.draws['w'])\n"
+    )
+    outputs = {}
+    for count in (1, 4):
+        env = {**__import__("os").environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={count}"}
+        target = tmp_path / f"w{count}.npy"
+        result = subprocess.run([sys.executable, "-c", script, str(target)], env=env, capture_output=True, text=True)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.split()[-1] == str(count)
+        outputs[count] = np.load(target)
+    np.testing.assert_array_equal(outputs[1], outputs[4])
