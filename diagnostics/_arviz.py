@@ -31,8 +31,9 @@ def psis(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, np.ndar
     log_ratios = np.asarray(log_ratios, dtype=float)
     rows = np.atleast_2d(log_ratios)
     smoothed = rows - np.logaddexp.reduce(rows, axis=-1, keepdims=True)
-    khat = np.full(rows.shape[0], -np.inf)
-    fit = ~_flat_tail(rows, reff)
+    bounded, sparse = _degenerate_tails(rows, reff)
+    khat = np.where(bounded, -np.inf, np.inf)
+    fit = ~(bounded | sparse)
     if fit.any():
         # The Pareto fit's profile likelihood overflows harmlessly for light (k < 0) tails.
         with np.errstate(over="ignore"):
@@ -46,37 +47,42 @@ def psis(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, np.ndar
 BOUNDED_LOG_RANGE = 0.1
 
 
-def _flat_tail(rows: np.ndarray, reff: float) -> np.ndarray:
-    """Rows whose weights are bounded so tightly that a Pareto tail fit is meaningless.
+def _degenerate_tails(rows: np.ndarray, reff: float) -> tuple[np.ndarray, np.ndarray]:
+    """Rows where a Pareto fit to the right tail is meaningless, split by what they mean.
 
-    Two cases. (1) The largest ratios are equal to float precision (the tail ArviZ selects): a
-    confident classifier gives p(y_i | θ) = 1 to the last bit under most draws; ArviZ would fit a
-    Pareto tail to zero exceedances (dividing by zero, or reporting k = inf for four or fewer
-    distinct tail values). (2) All log ratios lie within ``BOUNDED_LOG_RANGE`` (weights within
-    ~10% of each other): the weights are bounded, so their variance is finite (at most
-    (e^0.1 − 1)²/4 ≈ 0.003) and the true k is ≤ 0, but the scale-free Pareto fit to exceedances
-    spread over many decades (1e-2 … 1e-14) reports spurious k > 1. Such rows need no smoothing:
-    k = -inf.
+    ``bounded`` (k = -inf, no smoothing): all log ratios lie within ``BOUNDED_LOG_RANGE`` (weights
+    within ~10% of each other, so their variance is at most (e^0.1 − 1)²/4 ≈ 0.003 and the true k
+    is ≤ 0; the scale-free fit to exceedances spread over many decades, 1e-2 … 1e-14, reports a
+    spurious k > 1), or the largest ratio equals the cutoff ratio to float precision (a flat top:
+    a confident classifier gives p(y_i | θ) = 1 to the last bit under most draws).
+
+    ``sparse`` (k = inf, as ArviZ reports for four or fewer tail draws): the tail that ArviZ selects
+    has too few distinguishable exceedances to fit — one or a few draws dominate, or the cutoff
+    underflows because the largest ratio beats the rest by more than ~708 nats. The estimate then
+    rests on a handful of draws and is unreliable. ArviZ itself would divide by zero on some of
+    these rows.
     """
     num_draws = rows.shape[-1]
     tail_size = int(np.ceil(min(0.2 * num_draws, 3.0 * np.sqrt(num_draws / reff))))
-    shifted = np.sort(rows - rows.max(axis=-1, keepdims=True), axis=-1)
-    cutoff = np.maximum(shifted[:, -tail_size - 1], np.log(np.finfo(float).tiny))
-    exceed = np.exp(shifted) - np.exp(cutoff)[:, None]
-    above = shifted > cutoff[:, None]
-    count = above.sum(axis=-1)
-    flat = (count <= 4) | (shifted[:, 0] >= -BOUNDED_LOG_RANGE)
-    for i in np.flatnonzero(~flat):
-        tail = exceed[i][above[i]]  # already sorted
-        flat[i] = tail[int(tail.size / 4 + 0.5) - 1] <= 0.0
-    return flat
+    shifted = np.sort(rows - rows.max(axis=-1, keepdims=True), axis=-1)  # max is 0
+    raw_cutoff = shifted[:, -tail_size - 1]
+    flat_top = raw_cutoff >= -1e-12
+    bounded = (shifted[:, 0] >= -BOUNDED_LOG_RANGE) | flat_top
+    cutoff = np.maximum(raw_cutoff, np.log(np.finfo(float).tiny))
+    sparse = np.zeros(rows.shape[0], dtype=bool)
+    for i in np.flatnonzero(~bounded):
+        tail = shifted[i][shifted[i] > cutoff[i]]  # ArviZ's tail: strictly above the cutoff
+        exceed = np.exp(tail) - np.exp(cutoff[i])
+        sparse[i] = tail.size <= 4 or exceed[int(tail.size / 4 + 0.5) - 1] <= 0.0
+    return bounded, sparse
 
 
-def relative_efficiency(loglik: np.ndarray) -> float:
-    """Relative MCMC efficiency ESS/S of the pointwise likelihoods (chain, draw, N), as ArviZ's loo."""
-    chains, draws = loglik.shape[:2]
-    values = np.exp(loglik - loglik.max(axis=(0, 1), keepdims=True))
-    reff = float(np.nanmean(ess(values, "mean")) / (chains * draws))
+def relative_efficiency(arrays) -> float:
+    """Relative MCMC efficiency for PSIS-LOO as ``az.loo`` computes it: the mean "mean" ESS over every
+    posterior component, divided by the number of draws. ``arrays``: (chain, draw, ...) per site."""
+    values = np.concatenate([np.ravel(ess(a, "mean")) for a in arrays])
+    chains, draws = np.shape(arrays[0])[:2]
+    reff = float(np.nanmean(values) / (chains * draws))
     return reff if np.isfinite(reff) and reff > 0 else 1.0
 
 

@@ -11,6 +11,8 @@ from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 
 __all__ = ["compute_diagnostics", "to_inference_data"]
 
+MIN_PSIS_DRAWS = 20
+
 
 def _has_hidden_layers(problem) -> bool:
     return problem.is_declarative and len(problem.layers()) > 1
@@ -100,6 +102,9 @@ def compute_diagnostics(posterior) -> Diagnostics:
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
         record.elbo = finite_or_none(np.mean(log_ratios))
+    if log_ratios is not None and total_draws < MIN_PSIS_DRAWS:
+        notes["khat"] = notes["khat_threshold"] = f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws"
+    elif log_ratios is not None:
         record.khat_threshold = khat_threshold(total_draws)
         if np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
             # Constant ratios: q equals the target up to rounding; the Pareto fit is degenerate.
@@ -115,6 +120,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
     else:
         reason = "samplers have no density q(θ)" if is_sampler else "a point estimate has no density"
         notes["khat"] = notes["khat_threshold"] = notes["elbo"] = reason
+        log_ratios = None
     if "log_evidence" in info:
         record.log_evidence = float(info["log_evidence"])
     else:
@@ -126,22 +132,29 @@ def compute_diagnostics(posterior) -> Diagnostics:
         )
 
     # -- PSIS-LOO ------------------------------------------------------------------------------------
-    if total_draws < 2:
+    loo_unavailable = problem.spec.no_pointwise_reason
+    if total_draws == 1:
         notes["elpd_loo"] = notes["loo_khat_max"] = "PSIS-LOO needs posterior draws; a point estimate has one"
+    elif total_draws < MIN_PSIS_DRAWS:
+        notes["elpd_loo"] = notes["loo_khat_max"] = f"PSIS-LOO needs at least {MIN_PSIS_DRAWS} draws"
+    elif loo_unavailable is not None:
+        notes["elpd_loo"] = notes["loo_khat_max"] = loo_unavailable
     else:
         loglik = posterior.pointwise_log_likelihood()
         flat = loglik.reshape(total_draws, -1)
         if is_sampler:
-            elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(loglik))
+            elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
         else:
-            usable = log_ratios is not None and record.khat <= record.khat_threshold
+            usable = record.khat is not None and record.khat <= record.khat_threshold
             elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
             if not usable and log_ratios is not None:
                 notes["elpd_loo"] = (
                     "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
                 )
         record.elpd_loo = finite_or_none(elpd)
-        record.loo_khat_max = finite_or_none(np.max(k))
+        record.loo_khat_max = None if np.isnan(np.max(k)) else float(np.max(k))
+        if record.loo_khat_max == float("-inf"):
+            notes["loo_khat_max"] = "every observation's importance weights are bounded (no Pareto tail to fit)"
         if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
             bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
             warnings.append(
@@ -160,8 +173,10 @@ def compute_diagnostics(posterior) -> Diagnostics:
     return record
 
 
-def _dims(posterior) -> dict:
-    dims = {"y": ["obs"]}
+def _dims(posterior, loglik_name: str) -> dict:
+    dims = {loglik_name: ["obs_id"]}
+    if loglik_name != "y" and posterior.problem.is_declarative:
+        dims["y"] = ["obs_id"]
     problem = posterior.problem
     if problem.is_declarative:
         for layer in problem.layers():
@@ -188,14 +203,15 @@ def to_inference_data(posterior):
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
         stats["log_ratio"] = log_ratios.reshape(posterior.num_chains, posterior.num_draws)
-    observed_name = "y"
-    observed = {}
-    if problem.is_declarative:
-        observed = {observed_name: np.asarray(problem.data[1])}
+    observed = posterior.observed_data()
+    # One pointwise log-likelihood: named after the observed site, or "joint" when several observed
+    # sites are summed per datum.
+    loglik = posterior.pointwise_log_likelihood()
+    name = problem.spec.observed[0] if len(problem.spec.observed) == 1 else "joint"
     return _arviz.inference_data(
         posterior=posterior.draws,
         sample_stats=stats,
-        log_likelihood={observed_name: posterior.pointwise_log_likelihood()},
+        log_likelihood={} if loglik is None else {name: loglik},
         observed_data=observed,
-        dims=_dims(posterior),
+        dims=_dims(posterior, name),
     )

@@ -72,11 +72,11 @@ def _chain(config: _ChainConfig, problem, key, target_accept, trajectory_length)
     sample_every = max(1, math.ceil(config.num_samples / _PROGRESS_CHUNKS))
 
     def warmup_step(state, step):
-        _progress.tick_every(step, warmup_every, phase=0)
+        _progress.tick_every(step, warmup_every, config.num_warmup, phase=0)
         return sample_kernel(state, model_args=(problem,)), None
 
     def sample_step(state, step):
-        _progress.tick_every(step, sample_every, phase=1)
+        _progress.tick_every(step, sample_every, config.num_samples, phase=1)
         state = sample_kernel(state, model_args=(problem,))
         stats = (state.z, state.diverging, state.num_steps, state.accept_prob, state.energy)
         return state, stats

@@ -10,10 +10,13 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
+from ppl._errors import DataError
 from ppl.models._base import LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
 from ppl.models.priors import Isotropic, Prior
 
 __all__ = ["BNN", "ACTIVATIONS"]
+
+MAX_INFERRED_CLASSES = 10_000
 
 ACTIVATIONS = {
     "relu": jax.nn.relu,
@@ -73,7 +76,13 @@ class BNN(SupervisedModel):
 
     def bind(self, X, y):
         if self.likelihood == "categorical" and self.num_classes is None and y is not None:
-            return dataclasses.replace(self, num_classes=max(int(np.max(y)) + 1, 2))
+            classes = max(int(np.max(y)) + 1, 2)
+            if classes > MAX_INFERRED_CLASSES:
+                raise DataError(
+                    f"the largest label is {classes - 1}, which would make {classes} classes; recode the labels "
+                    f"to 0..C-1, or pass num_classes= explicitly if you really mean that many"
+                )
+            return dataclasses.replace(self, num_classes=classes)
         return self
 
     @property

@@ -8,7 +8,7 @@ import numpy as np
 
 from ppl._errors import DataError
 
-__all__ = ["Split", "validate_supervised", "validate_program_data", "check_batch_size"]
+__all__ = ["Split", "validate_supervised", "validate_inputs", "validate_program_data", "check_batch_size", "check_finite"]
 
 
 class Split(NamedTuple):
@@ -18,10 +18,12 @@ class Split(NamedTuple):
     y: np.ndarray
 
 
-def _check_finite(name: str, array: np.ndarray) -> None:
+def check_finite(name: str, array: np.ndarray) -> None:
+    if np.issubdtype(array.dtype, np.complexfloating):
+        raise DataError(f"{name} is complex ({array.dtype}); ppl's models take real numbers")
     if not np.issubdtype(array.dtype, np.number) and array.dtype != bool:
         raise DataError(f"{name} has dtype {array.dtype}; pass numeric arrays (convert strings/objects first)")
-    if np.issubdtype(array.dtype, np.floating) or np.issubdtype(array.dtype, np.complexfloating):
+    if np.issubdtype(array.dtype, np.floating):
         bad = ~np.isfinite(array)
         if bad.any():
             first = np.unravel_index(int(np.flatnonzero(bad)[0]), array.shape)
@@ -63,7 +65,7 @@ def validate_supervised(model, data, *, where: str = "data"):
         raise DataError(
             f"{where}: X has {X.shape[0]} rows but y has {y.shape[0]}; they must describe the same data points"
         )
-    _check_finite(f"{where} y", y)
+    check_finite(f"{where} y", y)
     return X, model.check_targets(y)
 
 
@@ -76,7 +78,7 @@ def _as_inputs(X, name: str) -> np.ndarray:
         raise DataError(f"{name} is empty (0 rows); ppl needs at least one data point")
     if X.shape[1] == 0:
         raise DataError(f"{name} has 0 columns; ppl needs at least one input feature")
-    _check_finite(name, X)
+    check_finite(name, X)
     return X.astype(float)
 
 
@@ -96,13 +98,22 @@ def validate_program_data(data) -> tuple[dict, dict]:
         )
     arrays, static = {}, {}
     for key, value in data.items():
+        if isinstance(value, np.generic):
+            value = value.item()  # numpy scalars are numbers like any other
         if isinstance(value, (np.ndarray, list)) or hasattr(value, "__jax_array__") or type(value).__module__.startswith("jax"):
-            array = np.asarray(value)
+            try:
+                array = np.asarray(value)
+            except ValueError as error:
+                raise DataError(f"data[{key!r}] is not a rectangular array ({error}); pass equal-length rows") from None
             if array.size == 0:
                 raise DataError(f"data[{key!r}] is empty; ppl needs at least one data point")
-            _check_finite(f"data[{key!r}]", array)
+            check_finite(f"data[{key!r}]", array)
             arrays[key] = array
         elif value is None or isinstance(value, (bool, int, float, str, tuple)):
+            # Python numbers, strings and tuples stay static (shapes, counts, switches): the program
+            # may use them as Python values. Changing one compiles the program anew.
+            if isinstance(value, float) and not np.isfinite(value):
+                raise DataError(f"data[{key!r}] = {value!r} is not finite")
             static[key] = value
         else:
             raise DataError(
@@ -119,5 +130,5 @@ def check_batch_size(batch_size, num_data: int | None) -> None:
             "batch_size needs a declarative model (ppl.models) whose data rows ppl can subsample; "
             "for a plain NumPyro model use full-batch training (batch_size=None)"
         )
-    if not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= num_data:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= num_data:
         raise DataError(f"batch_size must be an integer in 1..{num_data} (the number of data points), got {batch_size!r}")

@@ -79,7 +79,7 @@ def save_posterior(posterior, path) -> None:
         "wall_time_s": posterior.wall_time_s,
         "info": scalars,
         "model": _model_record(problem.model),
-        "static_kwargs": [[k, _jsonable(v)] for k, v in problem.spec.static_kwargs],
+        "static_kwargs": [[k, _jsonable(v), isinstance(v, tuple)] for k, v in problem.spec.static_kwargs],
         "temperature": float(problem.temperature),
         "tempering": problem.tempering,
         "approximation": None if family is None else family.kind,
@@ -124,7 +124,7 @@ def load(path):
         data = (arrays["data/X"], arrays["data/y"])
     else:
         data = {k[len("data/"):]: v for k, v in arrays.items() if k.startswith("data/")}
-        data.update({k: v for k, v in meta["static_kwargs"]})
+        data.update({k: tuple(v) if was_tuple else v for k, v, was_tuple in meta["static_kwargs"]})
     problem = compile_problem(model, data, temperature=meta["temperature"], tempering=meta["tempering"])
     family = None
     if meta["approximation"] is not None:

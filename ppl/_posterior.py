@@ -54,6 +54,11 @@ def _logdensity_many(problem, flat):
 
 
 @jax.jit
+def _unconstrain_many(problem, params):
+    return jax.lax.map(problem.unconstrain, params, batch_size=_CHUNK)
+
+
+@jax.jit
 def _log_jacobian_many(problem, flat):
     return jax.lax.map(lambda u: problem.log_terms(u).log_jacobian, flat, batch_size=_CHUNK)
 
@@ -170,36 +175,34 @@ class Posterior:
                 f"method {self.method!r} has no density q(θ) (it is a sampler or a point estimate); "
                 "log_prob is defined for methods with a fitted approximation (exact, svi with a Gaussian guide)"
             )
-        from numpyro.distributions import biject_to
-
         missing = [s.name for s in self.problem.sites if s.name not in draws]
         if missing:
             raise KeyError(f"draws lack the sites {missing}; expected {[s.name for s in self.problem.sites]}")
-        # Supports come from a prior trace of the model; sites are unconstrained one by one.
-        supports = self._supports()
-        unconstrained = {}
-        for site in self.problem.sites:
-            value = jnp.asarray(draws[site.name])
-            raw = biject_to(supports[site.name]).inv(value)
-            unconstrained[site.name] = raw.reshape(raw.shape[0], -1)
-        flat = jnp.concatenate([unconstrained[s.name] for s in self.problem.sites], axis=-1)
-        log_q_u = self.approximation.log_prob(flat)
-        return np.asarray(log_q_u - _log_jacobian_many(self.problem, flat))
-
-    def _supports(self) -> dict:
-        from numpyro import handlers
-
-        args, kwargs = self.problem._call(self.problem.data)
-        tr = handlers.trace(handlers.seed(self.problem.model, rng_seed=0)).get_trace(*args, **kwargs)
-        return {s.name: tr[s.name]["fn"].support for s in self.problem.sites}
+        params = {s.name: jnp.asarray(draws[s.name], dtype=self.flat_draws.dtype) for s in self.problem.sites}
+        flat = _unconstrain_many(self.problem, params)
+        # Change of variables: q(θ) = q_u(u(θ)) / |det ∂θ/∂u|.
+        return np.asarray(self.approximation.log_prob(flat) - _log_jacobian_many(self.problem, flat))
 
     # -- cached per-draw quantities used by diagnostics --------------------------------------------
-    def pointwise_log_likelihood(self) -> np.ndarray:
-        """log p(y_i | θ_s) for the stored draws and training data, shape (chain, draw, N)."""
+    def pointwise_log_likelihood(self) -> np.ndarray | None:
+        """log p(y_i | θ_s) for the stored draws and training data, shape (chain, draw, N); None when
+        the model has no per-datum observations (``problem.spec.no_pointwise_reason`` says why)."""
+        if self.problem.spec.no_pointwise_reason is not None:
+            return None
         if "loglik" not in self._cache:
             values = np.asarray(_loglik_many(self.problem, self._flat()))
             self._cache["loglik"] = values.reshape(self.num_chains, self.num_draws, -1)
         return self._cache["loglik"]
+
+    def observed_data(self) -> dict:
+        """Observed site values on the training data (dict name -> array), for the ArviZ export."""
+        if self.problem.is_declarative:
+            return {"y": np.asarray(self.problem.data[1])}
+        from numpyro import handlers
+
+        args, kwargs = self.problem._call(self.problem.data)
+        tr = handlers.trace(handlers.seed(self.problem.model, rng_seed=0)).get_trace(*args, **kwargs)
+        return {name: np.asarray(tr[name]["value"]) for name in self.problem.spec.observed}
 
     def log_density_ratios(self) -> np.ndarray | None:
         """log p̃(θ_s, D) − log q(θ_s) over the stored draws (flattened); None without a density."""

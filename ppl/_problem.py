@@ -67,6 +67,9 @@ class ProblemSpec:
     sites: tuple
     num_data: int | None
     static_kwargs: tuple = ()
+    observed: tuple = ()  # names of the observed sites, in trace order
+    # Why per-datum log-likelihoods (for PSIS-LOO) are unavailable; None when they are available.
+    no_pointwise_reason: str | None = None
 
     @property
     def num_params(self) -> int:
@@ -262,6 +265,17 @@ class Problem:
         X, y = self.data
         return X[indices], y[indices]
 
+    def _unconstrain_trace(self, tr) -> jax.Array:
+        # Each site is inverted with its own support in this trace: a support that depends on
+        # another site (m ~ Uniform(0, a)) uses that draw's a.
+        return self.ravel({s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"]) for s in self.sites})
+
+    def unconstrain(self, params: dict) -> jax.Array:
+        """The flat unconstrained vector of one set of constrained site values."""
+        args, kwargs = self._call(self.data)
+        model = handlers.substitute(handlers.seed(self.model, rng_seed=0), data=params)
+        return self._unconstrain_trace(handlers.trace(model).get_trace(*args, **kwargs))
+
     def init_position(self, key: jax.Array, strategy: str) -> jax.Array:
         """A flat unconstrained starting point: ``prior`` draw, ``uniform`` on (-2, 2), or ``zeros``."""
         if strategy == "zeros":
@@ -270,10 +284,7 @@ class Problem:
             return jax.random.uniform(key, (self.num_params,), minval=-2.0, maxval=2.0)
         if strategy == "prior":
             args, kwargs = self._call(self.data)
-            tr = handlers.trace(handlers.seed(self.model, rng_seed=key)).get_trace(*args, **kwargs)
-            return self.ravel(
-                {s.name: biject_to(tr[s.name]["fn"].support).inv(tr[s.name]["value"]) for s in self.sites}
-            )
+            return self._unconstrain_trace(handlers.trace(handlers.seed(self.model, rng_seed=key)).get_trace(*args, **kwargs))
         raise OptionError(f"init={strategy!r} is not one of 'prior', 'uniform', 'zeros'")
 
 
@@ -315,8 +326,8 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
 
     spec = ProblemSpec(model, kind, tempering, (), num_data, static)
     problem = Problem(spec, arrays, jnp.asarray(float(temperature)))
-    sites = _discover_sites(problem)
-    spec = ProblemSpec(model, kind, tempering, sites, num_data, static)
+    sites, observed, no_pointwise = _discover_sites(problem)
+    spec = ProblemSpec(model, kind, tempering, sites, num_data, static, observed, no_pointwise)
     return Problem(spec, arrays, jnp.asarray(float(temperature)))
 
 
@@ -331,6 +342,12 @@ def _discover_sites(problem: Problem) -> tuple:
         ) from error
     sites = []
     for site in tr.values():
+        if site["type"] == "plate" and site["args"][1] is not None and site["args"][1] < site["args"][0]:
+            raise OptionError(
+                f"plate {site['name']!r} subsamples {site['args'][1]} of {site['args'][0]} items; ppl draws and "
+                "scales minibatches itself, and inside ppl a subsampling plate would reuse one fixed subsample. "
+                "Use a full plate (and a declarative ppl.models model with batch_size= for minibatches)"
+            )
         if site["type"] != "sample" or site["is_observed"]:
             continue
         if site["fn"].support.is_discrete:
@@ -343,9 +360,20 @@ def _discover_sites(problem: Problem) -> tuple:
         sites.append(Site(site["name"], shape, tuple(transform.inverse_shape(shape))))
     if not sites:
         raise OptionError("the model has no latent sample sites; there is nothing to infer")
-    if not any(site["type"] == "sample" and site["is_observed"] for site in tr.values()):
+    observed = [s for s in tr.values() if s["type"] == "sample" and s["is_observed"]]
+    if not observed:
         raise DataError("the model observed no data: pass the targets (y) so that it conditions on them")
-    return tuple(sites)
+    leading = {jnp.shape(_site_log_prob(s))[:1] for s in observed}
+    no_pointwise = None
+    if () in leading:
+        names = [s["name"] for s in observed if jnp.ndim(_site_log_prob(s)) == 0]
+        no_pointwise = (
+            f"observed site(s) {', '.join(names)} have no per-datum dimension (a scalar factor, or an event "
+            "without a plate): put per-datum observations in a plate to get PSIS-LOO"
+        )
+    elif len(leading) > 1:
+        no_pointwise = "observed sites disagree on the number of data points, so per-datum terms are undefined"
+    return tuple(sites), tuple(s["name"] for s in observed), no_pointwise
 
 
 def check_batch(problem: Problem, batch_size) -> None:

@@ -61,10 +61,14 @@ def _host_tick(steps, phase) -> None:
     advance(int(steps), int(phase))
 
 
-def tick_every(step: jax.Array, chunk: int, phase: int = 0) -> None:
-    """From inside a jitted loop: advance bar ``phase`` by ``chunk`` every ``chunk``-th step (0-based)."""
+def tick_every(step: jax.Array, chunk: int, total: int, phase: int = 0) -> None:
+    """From inside a jitted loop of ``total`` steps: advance bar ``phase`` by ``chunk`` every
+    ``chunk``-th step (0-based ``step``), and by the remainder at the last step."""
+    remainder = total % chunk
+    done = (step + 1) % chunk == 0
+    last = (step == total - 1) & (remainder != 0)
     jax.lax.cond(
-        (step + 1) % chunk == 0,
-        lambda: jax.debug.callback(_host_tick, jnp.asarray(chunk), jnp.asarray(phase)),
+        done | last,
+        lambda: jax.debug.callback(_host_tick, jnp.where(done, chunk, remainder), jnp.asarray(phase)),
         lambda: None,
     )

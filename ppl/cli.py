@@ -29,7 +29,7 @@ def _parser() -> argparse.ArgumentParser:
     fit.add_argument("--data", required=True, help="a dataset name (see `ppl datasets`) or a .csv/.npz file")
     fit.add_argument("--target", help="target column of a CSV file (default: the last column)")
     fit.add_argument("--method", default="nuts", help="a method name (see `ppl methods`)")
-    fit.add_argument("--seed", type=int, default=0)
+    fit.add_argument("--seed", type=_seed, default=0)
     fit.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a model option (e.g. hidden=32,32) or method option (e.g. num_samples=500); repeatable",
@@ -41,6 +41,13 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("datasets", help="list the bundled datasets")
     sub.add_parser("methods", help="list the methods with their options and defaults")
     return parser
+
+
+def _seed(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, got {value}")
+    return value
 
 
 def _model_class(name: str):
@@ -93,6 +100,9 @@ def _build_model(args, data, model_opts):
             model_opts["likelihood"] = "gaussian"
         else:
             model_opts["likelihood"] = "bernoulli" if data.num_classes == 2 else "categorical"
+    if model_opts.get("likelihood") == "categorical" and "num_classes" not in model_opts:
+        # Classes counted over the whole dataset: one seen only in the test split still has a logit.
+        model_opts["num_classes"] = data.num_classes
     try:
         return cls(**model_opts)
     except ValueError as error:
@@ -109,8 +119,7 @@ def _fit(args) -> int:
     data = _load_data(args)
     model = _build_model(args, data, model_opts)
     out = Path(args.out or f"runs/{data.name}-{args.model}-{args.method}-seed{args.seed}")
-    if out.exists() and any(out.iterdir()) and not (out / "posterior.json").is_file():
-        raise UsageError(f"--out {out} exists and is not a ppl run directory; choose another")
+    _check_out(out)
     _progress.enable(not args.no_progress)
     posterior = ppl.fit(model, data.train, method=args.method, seed=args.seed, **method_opts)
     diagnostics = posterior.diagnostics()
@@ -123,6 +132,22 @@ def _fit(args) -> int:
     _print_run(record, diagnostics)
     print(f"saved to {out}")
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an output path that could not be written, before anything is fitted."""
+    import os
+
+    if out.exists():
+        if not out.is_dir():
+            raise UsageError(f"--out {out} is an existing file, not a directory; choose another path")
+        if any(out.iterdir()) and not (out / "posterior.json").is_file():
+            raise UsageError(f"--out {out} exists and is not a ppl run directory; choose another")
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: {parent} is not a writable directory")
 
 
 def _jsonable(obj):

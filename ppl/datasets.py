@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl._data import Split
+from ppl._data import Split, check_finite, validate_supervised
 from ppl._errors import DataError
 
 __all__ = ["Dataset", "Split", "load", "load_file", "names", "DESCRIPTIONS"]
@@ -110,8 +110,21 @@ def _raw(name: str, seed: int):
     raise DataError(f"unknown dataset {name!r}; available: {', '.join(DESCRIPTIONS)}")
 
 
+class _AnyTargets:
+    """Stand-in model for validating a file's inputs before the task is known."""
+
+    def check_targets(self, y):
+        return y
+
+
+def _check_seed(seed) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise DataError(f"seed must be a non-negative integer, got {seed!r}")
+
+
 def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     """Load dataset ``name`` with standardised inputs and a seeded train/test split."""
+    _check_seed(seed)
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
     X, y, task, extras = _raw(name, seed)
@@ -145,14 +158,18 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
 
 def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: float = 0.2, task: str | None = None) -> Dataset:
     """Load a ``.csv`` (header row; ``target`` column, default the last) or ``.npz`` (arrays X, y) file."""
+    _check_seed(seed)
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
     if path.suffix == ".npz":
-        with np.load(path) as npz:
-            if "X" not in npz or "y" not in npz:
-                raise DataError(f"{path} must hold arrays named 'X' and 'y'; it has {sorted(npz.files)}")
-            X, y = np.asarray(npz["X"], dtype=float), np.asarray(npz["y"])
+        try:
+            with np.load(path) as npz:
+                if "X" not in npz or "y" not in npz:
+                    raise DataError(f"{path} must hold arrays named 'X' and 'y'; it has {sorted(npz.files)}")
+                X, y = np.asarray(npz["X"]), np.asarray(npz["y"])
+        except (ValueError, OSError) as error:  # object arrays (pickles are refused), corrupt files
+            raise DataError(f"{path} is not a readable .npz of numeric arrays X and y ({error})") from None
     elif path.suffix == ".csv":
         with path.open(newline="") as handle:
             rows = list(csv.reader(handle))
@@ -174,6 +191,9 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
         raise DataError(f"data file {path} must end in .csv or .npz")
     if X.ndim != 2 or X.shape[0] < 2:
         raise DataError(f"{path}: need at least 2 rows of 2-D inputs, got shape {X.shape}")
+    # Validate before standardising: one NaN would otherwise turn a whole column into NaN.
+    X, _ = validate_supervised(_AnyTargets(), (X, y), where=str(path))
+    check_finite(f"{path} y", np.asarray(y))
     if task is None:
         integral = np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0)
         task = "classification" if integral and len(np.unique(y)) <= 20 else "regression"

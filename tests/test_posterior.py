@@ -58,7 +58,9 @@ def test_arviz_export_is_accepted(nuts_linear, linear_model, linear_data):
     assert "w[0]" in summary.index
     loo = az.loo(idata)
     assert np.isfinite(loo.elpd_loo)
-    assert abs(loo.elpd_loo - nuts_linear.diagnostics().elpd_loo) < 0.5
+    # The same estimator as az.loo (same relative efficiency, same PSIS); only the order of floating-
+    # point operations differs.
+    assert abs(loo.elpd_loo - nuts_linear.diagnostics().elpd_loo) < 1e-6 * abs(loo.elpd_loo)
     other = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
     table = az.compare({"nuts": idata, "exact": other.to_arviz()})
     assert set(table.index) == {"nuts", "exact"}
