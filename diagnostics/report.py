@@ -125,6 +125,11 @@ def compute_diagnostics(posterior) -> Diagnostics:
         record.log_evidence = float(info["log_evidence"])
     else:
         notes["log_evidence"] = "only closed-form methods give the log evidence"
+    if info.get("interrupted"):
+        warnings.append(
+            "the run was interrupted (Ctrl-C): this is a partial result — "
+            + (f"{info['chains_done']} chain(s) finished" if "chains_done" in info else f"{info.get('steps_done')} steps done")
+        )
     if info.get("converged") is False:
         warnings.append(
             f"the loss did not settle (last-window change {info['loss_change']:.3g} ± {info['loss_change_se']:.2g}): "
@@ -168,6 +173,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
             (record.khat is not None and record.khat > record.khat_threshold),
             any("R-hat" in w or "ESS" in w for w in warnings),
             info.get("converged") is False,
+            bool(info.get("interrupted")),
         ]
     )
     return record

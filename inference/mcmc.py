@@ -153,13 +153,24 @@ class _MCMC(Method):
                 # not depend on the placement.
                 devices = jax.devices()
                 results = []
-                for i, k in enumerate(keys):
-                    placed = jax.device_put((problem, k, tuning), devices[i % len(devices)])
-                    results.append(_chain_jit(config, placed[0], placed[1], *placed[2]))
+                try:
+                    for i, k in enumerate(keys):
+                        placed = jax.device_put((problem, k, tuning), devices[i % len(devices)])
+                        results.append(_chain_jit(config, placed[0], placed[1], *placed[2]))
+                        if len(devices) == 1:
+                            # One device runs one chain at a time anyway; waiting here lets Ctrl-C
+                            # keep the chains already finished.
+                            jax.block_until_ready(results[-1])
+                except KeyboardInterrupt:
+                    results = [r for r in results if all(x.is_ready() for x in jax.tree_util.tree_leaves(r))]
+                    if not results:
+                        raise
                 results = jax.device_get(results)
                 stats, step_size, inverse_mass = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *results)
         positions, diverging, num_steps, accept_prob, energy = (np.asarray(x) for x in stats)
         info = {
+            "interrupted": positions.shape[0] < self.num_chains,
+            "chains_done": int(positions.shape[0]),
             "diverging": diverging,
             "num_steps": num_steps,
             "accept_prob": accept_prob,

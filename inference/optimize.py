@@ -132,12 +132,17 @@ def _nonfinite_sites(params, problem) -> list[str]:
 
 
 def minimize(objective, config: OptimizerConfig, problem, params, key, *, learning_rate: float, label: str):
-    """Minimise ``objective(params, problem, key, batch)``; returns (params, losses (steps,))."""
+    """Minimise ``objective(params, problem, key, batch)``; returns (params, losses).
+
+    ``losses`` has one entry per step done. Ctrl-C (KeyboardInterrupt) between chunks stops early and
+    returns what was reached, so ``len(losses) < config.steps`` marks an interrupted run (see
+    :func:`loss_convergence`); an interrupt before the first chunk finishes propagates.
+    """
     chunk = max(1, math.ceil(config.steps / _NUM_CHUNKS))
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
     opt_state = _init_state(config, params, learning_rate)
     history = []
-    with _progress.task(label, config.steps):
+    with _progress.task(label, config.steps), _interruptible(history):
         for start in range(0, config.steps, chunk):
             new_params, new_state, losses = _run_chunk(
                 objective, config, problem, params, opt_state, key, jnp.asarray(start), learning_rate, chunk
@@ -162,21 +167,42 @@ def minimize(objective, config: OptimizerConfig, problem, params, key, *, learni
     return params, np.concatenate(history)
 
 
-def loss_convergence(losses: np.ndarray) -> dict:
+class _interruptible:
+    """Swallow a KeyboardInterrupt once some chunks are done (their results are kept)."""
+
+    def __init__(self, history: list):
+        self.history = history
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        return kind is KeyboardInterrupt and bool(self.history)
+
+
+def loss_convergence(losses: np.ndarray, planned_steps: int | None = None) -> dict:
     """Compare the mean loss over the last 10% of steps with the 10% before.
 
     Converged when the change is within two standard errors of the difference (the loss is a
     Monte Carlo estimate, so a flat curve still jitters) or below 1e-4 of the loss's magnitude.
+    With ``planned_steps``, also records ``interrupted`` (fewer steps done than planned).
     """
+    status = {} if planned_steps is None else {"interrupted": len(losses) < planned_steps, "steps_done": len(losses)}
     window = max(10, len(losses) // 10)
     if len(losses) < 2 * window:
         # Too few steps to judge: None, not a verdict either way.
-        return {"converged": None, "loss_change": None, "loss_change_se": None, "final_loss": float(losses[-1])}
+        return {"converged": None, "loss_change": None, "loss_change_se": None, "final_loss": float(losses[-1]), **status}
     last, before = losses[-window:], losses[-2 * window : -window]
     change = float(last.mean() - before.mean())
     se = float(math.sqrt(last.var() / window + before.var() / window))
     converged = abs(change) <= 2.0 * se or abs(change) <= 1e-4 * max(1.0, abs(float(last.mean())))
-    return {"converged": bool(converged), "loss_change": change, "loss_change_se": se, "final_loss": float(last.mean())}
+    return {
+        "converged": bool(converged),
+        "loss_change": change,
+        "loss_change_se": se,
+        "final_loss": float(last.mean()),
+        **status,
+    }
 
 
 @dataclass(frozen=True)
@@ -221,7 +247,7 @@ class MAP(Method):
         params, losses = minimize(
             NegativeLogJoint(), self.config(), problem, start, run_key, learning_rate=self.learning_rate, label="map"
         )
-        info = {"losses": losses, "optimizer": self.config().optimizer, **loss_convergence(losses)}
+        info = {"losses": losses, "optimizer": self.config().optimizer, **loss_convergence(losses, self.steps)}
         return Posterior(
             method=self.name, problem=problem, flat_draws=params[None, None], info=info, approximation=PointMass(params)
         )

@@ -126,5 +126,5 @@ class SVI(Method):
         family = guide_family(self.guide, params)
         num_draws = 1 if self.guide == "delta" else self.num_draws
         flat = draw(family, draw_key, num_draws)
-        info = {"losses": losses, **loss_convergence(losses)}
+        info = {"losses": losses, **loss_convergence(losses, self.steps)}
         return Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)

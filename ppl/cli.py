@@ -131,6 +131,9 @@ def _fit(args) -> int:
     write_atomic(out / "summary.json", lambda f: f.write(json.dumps(record, indent=2).encode()))
     _print_run(record, diagnostics)
     print(f"saved to {out}")
+    if posterior.info.get("interrupted"):
+        print("interrupted: the saved run is partial (see the warning above)", file=sys.stderr)
+        return 130
     return 0
 
 

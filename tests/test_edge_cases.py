@@ -149,3 +149,46 @@ def test_program_numpy_scalar_and_infinite_static_values():
     with pytest.raises(ppl.DataError, match="not finite"):
         ppl.fit(with_factor, {"values": np.ones(3), "extra": np.float64("inf")}, method="map", seed=0)
 
+
+
+def _interrupt_on_call(n):
+    calls = {"count": 0}
+
+    def hook(*args, **kwargs):
+        calls["count"] += 1
+        if calls["count"] == n:
+            raise KeyboardInterrupt
+        return args[0] if args else None
+
+    return hook
+
+
+def test_ctrl_c_during_training_keeps_a_loadable_partial_result(monkeypatch, tmp_path, linear_model, linear_data):
+    from ppl import _progress
+
+    monkeypatch.setattr(_progress, "advance", _interrupt_on_call(3))
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=1000)
+    # Chunks of 50 steps; the interrupt arrives while reporting the third, which is kept.
+    assert post.info["interrupted"] and post.info["steps_done"] == 150
+    diag = post.diagnostics()
+    assert not diag.ok and any("interrupted" in w for w in diag.warnings)
+    post.save(tmp_path / "partial")
+    assert ppl.load(tmp_path / "partial").info["interrupted"]
+
+
+def test_ctrl_c_between_chains_keeps_the_finished_chains(monkeypatch, linear_model, linear_data):
+    import jax as jax_module
+
+    real = jax_module.block_until_ready
+    hook = _interrupt_on_call(3)
+
+    def block(x):
+        hook(x)
+        return real(x)
+
+    monkeypatch.setattr(jax_module, "block_until_ready", block)
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=50, num_samples=50)
+    # The interrupt arrives while waiting on the third chain, which had already finished: it is kept.
+    assert post.num_chains == 3 and post.info["interrupted"] and post.info["chains_done"] == 3
+    full = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=50, num_samples=50, num_chains=3)
+    np.testing.assert_array_equal(post.draws["w"], full.draws["w"])
