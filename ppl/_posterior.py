@@ -8,6 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from functools import partial
+
 from ppl._data import validate_inputs
 from ppl._errors import OptionError
 from ppl._results import Prediction
@@ -38,29 +40,10 @@ def seed_record(seed):
 
 # Module-level jitted maps over draws: the Problem is a pytree argument, so they compile once per
 # problem layout and shape, whatever the data values.
-@jax.jit
-def _constrain_many(problem, flat):
-    return jax.lax.map(problem.constrain, flat, batch_size=_CHUNK)
-
-
-@jax.jit
-def _loglik_many(problem, flat):
-    return jax.lax.map(problem.pointwise_loglik, flat, batch_size=_CHUNK)
-
-
-@jax.jit
-def _logdensity_many(problem, flat):
-    return jax.lax.map(problem.logdensity_fn, flat, batch_size=_CHUNK)
-
-
-@jax.jit
-def _unconstrain_many(problem, params):
-    return jax.lax.map(problem.unconstrain, params, batch_size=_CHUNK)
-
-
-@jax.jit
-def _log_jacobian_many(problem, flat):
-    return jax.lax.map(lambda u: problem.log_terms(u).log_jacobian, flat, batch_size=_CHUNK)
+@partial(jax.jit, static_argnames=("method",))
+def _over_draws(problem, draws, method: str):
+    """``problem.<method>`` mapped over draws (a leading axis), in vectorised chunks."""
+    return jax.lax.map(getattr(problem, method), draws, batch_size=_CHUNK)
 
 
 def _outputs(problem, u, X):
@@ -134,7 +117,7 @@ class Posterior:
         self.seed = seed
         self.approximation = approximation
         self.wall_time_s = float(wall_time_s)
-        constrained = _constrain_many(problem, self._flat())
+        constrained = _over_draws(problem, self._flat(), "constrain")
         self.draws = {
             name: np.asarray(value).reshape(self.num_chains, self.num_draws, *value.shape[1:])
             for name, value in constrained.items()
@@ -166,7 +149,8 @@ class Posterior:
     def sample(self, n: int, *, seed) -> dict:
         """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
         resampled from the stored draws for samplers."""
-        return {k: np.asarray(v) for k, v in _constrain_many(self.problem, self._flat_sample(n, as_key(seed))).items()}
+        constrained = _over_draws(self.problem, self._flat_sample(n, as_key(seed)), "constrain")
+        return {k: np.asarray(v) for k, v in constrained.items()}
 
     def log_prob(self, draws: dict) -> np.ndarray:
         """log q(θ) of constrained draws (dict site -> (n, *shape)) under the fitted approximation."""
@@ -179,9 +163,9 @@ class Posterior:
         if missing:
             raise KeyError(f"draws lack the sites {missing}; expected {[s.name for s in self.problem.sites]}")
         params = {s.name: jnp.asarray(draws[s.name], dtype=self.flat_draws.dtype) for s in self.problem.sites}
-        flat = _unconstrain_many(self.problem, params)
+        flat = _over_draws(self.problem, params, "unconstrain")
         # Change of variables: q(θ) = q_u(u(θ)) / |det ∂θ/∂u|.
-        return np.asarray(self.approximation.log_prob(flat) - _log_jacobian_many(self.problem, flat))
+        return np.asarray(self.approximation.log_prob(flat) - _over_draws(self.problem, flat, "log_jacobian"))
 
     # -- cached per-draw quantities used by diagnostics --------------------------------------------
     def pointwise_log_likelihood(self) -> np.ndarray | None:
@@ -190,7 +174,7 @@ class Posterior:
         if self.problem.spec.no_pointwise_reason is not None:
             return None
         if "loglik" not in self._cache:
-            values = np.asarray(_loglik_many(self.problem, self._flat()))
+            values = np.asarray(_over_draws(self.problem, self._flat(), "pointwise_loglik"))
             self._cache["loglik"] = values.reshape(self.num_chains, self.num_draws, -1)
         return self._cache["loglik"]
 
@@ -211,7 +195,7 @@ class Posterior:
         if "log_ratio" not in self._cache:
             flat = self._flat()
             self._cache["log_ratio"] = np.asarray(
-                _logdensity_many(self.problem, flat) - self.approximation.log_prob(flat)
+                _over_draws(self.problem, flat, "logdensity_fn") - self.approximation.log_prob(flat)
             )
         return self._cache["log_ratio"]
 

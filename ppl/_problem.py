@@ -219,6 +219,10 @@ class Problem:
                 log_prior = log_prior + jnp.sum(log_prob)
         return LogTerms(log_prior, log_lik, log_jacobian)
 
+    def log_jacobian(self, u: jax.Array) -> jax.Array:
+        """log |det ∂θ/∂u| of the constraining transforms at ``u``."""
+        return self._trace(u, self.data)[1]
+
     def _weights(self, batch):
         scale = 1.0
         if self.is_declarative and batch is not None:
