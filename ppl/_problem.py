@@ -27,7 +27,7 @@ from numpyro import handlers
 from numpyro.distributions import biject_to
 from numpyro.distributions.util import sum_rightmost
 
-from ppl._data import check_batch_size, validate_program_data, validate_supervised
+from ppl._data import validate_program_data, validate_supervised
 from ppl._errors import DataError, OptionError
 
 __all__ = ["Problem", "ProblemSpec", "Site", "compile_problem", "TEMPERINGS", "trace_count"]
@@ -378,8 +378,3 @@ def _discover_sites(problem: Problem) -> tuple:
     elif len(leading) > 1:
         no_pointwise = "observed sites disagree on the number of data points, so per-datum terms are undefined"
     return tuple(sites), tuple(s["name"] for s in observed), no_pointwise
-
-
-def check_batch(problem: Problem, batch_size) -> None:
-    check_batch_size(batch_size, problem.num_data)
-
