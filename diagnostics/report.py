@@ -30,8 +30,24 @@ def compute_diagnostics(posterior) -> Diagnostics:
     total_draws = posterior.num_chains * posterior.num_draws
     is_sampler = posterior.approximation is None
 
+    failed: list[str] = []  # the checks that set ok = False (each also has a warning)
+
+    def fail(message: str) -> None:
+        warnings.append(message)
+        failed.append(message)
+
+    nonfinite = _nonfinite_draws(posterior)
+    if nonfinite:
+        fail(
+            f"{nonfinite} draw(s) hold NaN or inf: the run is broken and its summaries are not assessed — check the "
+            "model's log density for overflow or invalid parameter values"
+        )
+
     # -- Markov-chain convergence ------------------------------------------------------------------
-    if is_sampler:
+    if is_sampler and nonfinite:
+        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
+            notes[field] = "not assessed: the draws hold NaN or inf"
+    elif is_sampler:
         arrays = list(posterior.draws.values())
         multi_chain = posterior.num_chains >= 2
         record.rhat_max = max_rhat(arrays) if multi_chain else None
@@ -57,7 +73,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
             candidates.append(("R-hat", record.rhat_max))
         label, worst = max(((n, v) for n, v in candidates if v is not None), key=lambda c: c[1], default=(None, None))
         if worst is not None and worst > THRESHOLDS["rhat"]:
-            warnings.append(
+            fail(
                 f"{label} {worst:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer "
                 "(num_warmup, num_samples) or reparameterise"
             )
@@ -65,11 +81,17 @@ def compute_diagnostics(posterior) -> Diagnostics:
         for field, label in (("ess_bulk_min", "bulk"), ("ess_tail_min", "tail")):
             value = getattr(record, field)
             if value is not None and value < ess_needed and not symmetric:
-                warnings.append(
+                fail(
                     f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — draw more samples"
                 )
         if symmetric:
             notes["ess_bulk_min"] = notes["ess_tail_min"] = "weight-space ESS; see the note on rhat_max"
+        stuck = _stuck_chains(posterior)
+        if stuck:
+            fail(
+                f"chain(s) {', '.join(map(str, stuck))} never moved in some parameters (constant draws): the sampler "
+                "is stuck — check the initial values and the step size (divergences), or reparameterise"
+            )
     else:
         why = (
             "a point estimate has no spread to diagnose"
@@ -82,7 +104,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
     if "diverging" in info:
         record.divergences = int(info["divergences"])
         if record.divergences > THRESHOLDS["divergences"]:
-            warnings.append(
+            fail(
                 f"{record.divergences} divergent transitions after warmup: the sampler missed part of the "
                 "posterior — raise target_accept or reparameterise"
             )
@@ -97,6 +119,18 @@ def compute_diagnostics(posterior) -> Diagnostics:
             )
     else:
         notes["tree_depth_hits"] = "only NUTS builds trees"
+    if "energy" in info and np.shape(info["energy"])[-1] >= 2:
+        record.ebfmi_min = finite_or_none(np.min(ebfmi(np.asarray(info["energy"], dtype=float))))
+        if record.ebfmi_min is not None and record.ebfmi_min < THRESHOLDS["ebfmi"]:
+            fail(
+                f"E-BFMI {record.ebfmi_min:.2f} < {THRESHOLDS['ebfmi']}: the momentum resampling barely moves the "
+                "energy, so the sampler explores the posterior's tails poorly (a funnel-like geometry) — reparameterise "
+                "(non-centred), or rescale the parameters"
+            )
+        elif record.ebfmi_min is None:
+            notes["ebfmi_min"] = "the energies are constant or not finite"
+    else:
+        notes["ebfmi_min"] = "only Hamiltonian samplers record energies"
 
     # -- the approximation against the target --------------------------------------------------------
     log_ratios = posterior.log_density_ratios()
@@ -106,14 +140,28 @@ def compute_diagnostics(posterior) -> Diagnostics:
         notes["khat"] = notes["khat_threshold"] = f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws"
     elif log_ratios is not None:
         record.khat_threshold = khat_threshold(total_draws)
-        if np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
-            # Constant ratios: q equals the target up to rounding; the Pareto fit is degenerate.
-            record.khat = float("-inf")
-            notes["khat"] = "log p − log q is constant over the draws: q matches the target exactly"
+        if not np.all(np.isfinite(log_ratios)):
+            record.khat = float("inf")
+            notes["khat"] = "log p − log q is not finite for some draws of q"
+        elif np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
+            if info.get("closed_form"):
+                # q is the exact posterior (a closed form): the ratios are constant by construction.
+                record.khat = float("-inf")
+                notes["khat"] = "log p − log q is constant over the draws: q is the exact posterior (closed form)"
+            else:
+                # Only a closed form matches the target to rounding at every draw; a fitted q that
+                # does is degenerate (draws that do not vary, or a spread collapsed below rounding).
+                record.khat = float("inf")
+                notes["khat"] = "log p − log q is constant over the draws: q is degenerate (its spread is ~0)"
+                fail(
+                    "log p − log q is constant over q's draws, which only a closed-form posterior achieves: q is "
+                    "degenerate (collapsed scales, or draws that do not vary) and its uncertainty is meaningless — "
+                    "lower learning_rate or use more steps"
+                )
         else:
             record.khat = khat(log_ratios)
-        if record.khat > record.khat_threshold:
-            warnings.append(
+        if record.khat > record.khat_threshold and not notes.get("khat", "").endswith("(its spread is ~0)"):
+            fail(
                 f"PSIS k-hat {record.khat:.2f} > {record.khat_threshold:.2f}: the approximation q misses the "
                 "posterior's tails — do not trust its uncertainty; try a richer guide or NUTS"
             )
@@ -125,20 +173,24 @@ def compute_diagnostics(posterior) -> Diagnostics:
         record.log_evidence = float(info["log_evidence"])
     else:
         notes["log_evidence"] = "only closed-form methods give the log evidence"
+    if info.get("failed"):
+        fail(f"the run failed and this is its last finite state: {info['failed']}")
     if info.get("interrupted"):
-        warnings.append(
+        fail(
             "the run was interrupted (Ctrl-C): this is a partial result — "
             + (f"{info['chains_done']} chain(s) finished" if "chains_done" in info else f"{info.get('steps_done')} steps done")
         )
     if info.get("converged") is False:
-        warnings.append(
-            f"the loss did not settle (last-window change {info['loss_change']:.3g} ± {info['loss_change_se']:.2g}): "
-            "raise steps"
+        fail(
+            f"the optimisation did not converge: {info.get('convergence', 'the loss did not settle')} — raise steps, "
+            "or adjust learning_rate"
         )
 
     # -- PSIS-LOO ------------------------------------------------------------------------------------
     loo_unavailable = problem.spec.no_pointwise_reason
-    if total_draws == 1:
+    if nonfinite:
+        notes["elpd_loo"] = notes["loo_khat_max"] = "not assessed: the draws hold NaN or inf"
+    elif total_draws == 1:
         notes["elpd_loo"] = notes["loo_khat_max"] = "PSIS-LOO needs posterior draws; a point estimate has one"
     elif total_draws < MIN_PSIS_DRAWS:
         notes["elpd_loo"] = notes["loo_khat_max"] = f"PSIS-LOO needs at least {MIN_PSIS_DRAWS} draws"
@@ -167,16 +219,33 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 "use K-fold cross-validation or more draws"
             )
 
-    record.ok = not any(
-        [
-            record.divergences not in (None, 0),
-            (record.khat is not None and record.khat > record.khat_threshold),
-            any("R-hat" in w or "ESS" in w for w in warnings),
-            info.get("converged") is False,
-            bool(info.get("interrupted")),
-        ]
-    )
+    record.ok = not failed
     return record
+
+
+def ebfmi(energy: np.ndarray) -> np.ndarray:
+    """Energy Bayesian fraction of missing information per chain (Betancourt 2016), energies (chain, draw):
+    E-BFMI = Σ_t (E_t − E_{t−1})² / Σ_t (E_t − Ē)². Below 0.3 the sampler explores poorly."""
+    energy = np.atleast_2d(energy)
+    spread = np.sum(np.square(energy - energy.mean(axis=1, keepdims=True)), axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.sum(np.square(np.diff(energy, axis=1)), axis=1) / spread
+
+
+def _nonfinite_draws(posterior) -> int:
+    flat = posterior.flat_draws if posterior.flat_draws is not None else None
+    if flat is None:
+        return 0
+    flat = np.asarray(flat)
+    return int(np.sum(~np.all(np.isfinite(flat), axis=-1)))
+
+
+def _stuck_chains(posterior) -> list[int]:
+    if posterior.num_draws < 2:
+        return []
+    flat = np.asarray(posterior.flat_draws)
+    constant = np.all(flat == flat[:, :1, :], axis=1)  # (chain, parameter)
+    return [int(c) for c in np.flatnonzero(constant.any(axis=1))]
 
 
 def _dims(posterior, loglik_name: str) -> dict:

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import typing
 from typing import ClassVar
 
-from ppl._errors import OptionError
+import numpy as np
 
-__all__ = ["Method", "check_choice", "check_positive_int", "check_positive"]
+from ppl._errors import MemoryBudgetError, OptionError
+
+__all__ = [
+    "Method",
+    "check_choice",
+    "check_positive_int",
+    "check_positive",
+    "check_option_types",
+    "check_stored_draws",
+    "check_dense_matrix",
+    "MEMORY_BUDGET_BYTES",
+]
+
+# What one request (stored draws, a dense matrix) may take before it is refused up front.
+MEMORY_BUDGET_BYTES = 4 * 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -21,6 +36,13 @@ class Method:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+
+    def __post_init__(self):
+        check_option_types(self)
+
+    def stored_draws(self) -> int:
+        """How many draws of the flat parameter vector the result will hold (for the memory check)."""
+        return 1
 
     def run(self, key, problem):  # pragma: no cover - abstract
         raise NotImplementedError
@@ -75,10 +97,79 @@ def check_choice(method: str, option: str, value, choices) -> None:
 
 def check_positive_int(method: str, option: str, value, allow_zero: bool = False) -> None:
     low = 0 if allow_zero else 1
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or value < low:
         raise OptionError(f"{method}: {option} must be an integer ≥ {low}, got {value!r}")
 
 
 def check_positive(method: str, option: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
-        raise OptionError(f"{method}: {option} must be a positive number, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float, np.integer, np.floating))
+        or not math.isfinite(float(value))
+        or not value > 0
+    ):
+        raise OptionError(f"{method}: {option} must be a positive finite number, got {value!r}")
+
+
+def _type_name(kind) -> str:
+    return {bool: "True or False", int: "an integer", float: "a finite number", str: "a string"}.get(
+        kind, getattr(kind, "__name__", str(kind))
+    )
+
+
+def check_option_types(options) -> None:
+    """Every option of a method dataclass has its declared type, and every number is finite.
+
+    ``dense_mass="no"`` would otherwise read as True, ``target_accept="high"`` fail deep inside a
+    comparison, and ``trajectory_length=inf`` hang the sampler.
+    """
+    cls = type(options)
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        value = getattr(options, f.name)
+        hint = hints.get(f.name)
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        kinds = [a for a in args if a is not type(None)] if args else [hint]
+        if value is None and optional:
+            continue
+        kind = kinds[0] if len(kinds) == 1 else None
+        where = f"{cls.name}: option {f.name}"
+        if kind is bool:
+            if not isinstance(value, (bool, np.bool_)):
+                raise OptionError(f"{where} must be True or False, got {value!r}")
+        elif kind is int:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+                raise OptionError(f"{where} must be an integer, got {value!r}")
+        elif kind is float:
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+                raise OptionError(f"{where} must be a number, got {value!r}")
+            if not math.isfinite(float(value)):
+                raise OptionError(f"{where} must be finite, got {value!r}")
+        elif kind is str:
+            if not isinstance(value, str):
+                raise OptionError(f"{where} must be a string, got {value!r}")
+        elif kind is not None and kind not in (typing.Any,) and isinstance(kind, type):
+            if not isinstance(value, kind):
+                raise OptionError(f"{where} must be {_type_name(kind)}, got {value!r}")
+
+
+def check_stored_draws(method: str, num_draws: int, num_params: int, itemsize: int) -> None:
+    """Refuse a result whose stored draws would not fit in memory, before anything runs."""
+    size = int(num_draws) * int(num_params) * int(itemsize)
+    if size > MEMORY_BUDGET_BYTES:
+        raise MemoryBudgetError(
+            f"{method}: storing {num_draws} draws × {num_params} parameters needs {size / 2**30:.1f} GiB "
+            f"(limit {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); lower num_draws/num_samples or num_chains, or "
+            "keep fewer draws (a density method samples more later with post.sample)"
+        )
+
+
+def check_dense_matrix(method: str, what: str, dim: int, itemsize: int, *, copies: int = 1, alternatives: str) -> None:
+    """Refuse a dense ``dim × dim`` matrix (covariance, mass matrix) that would not fit in memory."""
+    size = int(copies) * int(dim) ** 2 * int(itemsize)
+    if size > MEMORY_BUDGET_BYTES:
+        raise MemoryBudgetError(
+            f"{method}: {what} over {dim} parameters needs {size / 2**30:.1f} GiB "
+            f"({copies} × {dim}² × {itemsize} bytes; limit {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); use {alternatives}"
+        )

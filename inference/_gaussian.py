@@ -19,6 +19,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.linalg import solve_triangular
 
 __all__ = ["Gaussian", "Diagonal", "LowRankDiagonal", "Full", "PointMass", "from_arrays", "draw"]
@@ -265,14 +266,34 @@ def draw(family, key, num: int):
     return family.sample(key, num)
 
 
-def from_arrays(kind: str, arrays: dict):
-    """Rebuild a family saved with ``family.kind`` and ``family.arrays()``."""
+_FIELDS = {"point": ("loc",), "diagonal": ("loc", "scale"), "low_rank": ("loc", "factor", "diag_scale"),
+           "full": ("loc", "scale_tril")}
+
+
+def from_arrays(kind: str, arrays: dict, dim: int | None = None):
+    """Rebuild a family saved with ``family.kind`` and ``family.arrays()``, checking every array's
+    name, shape and values against the family (``dim``: the flat parameter count, when known)."""
+    if kind not in _FIELDS:
+        raise ValueError(f"unknown Gaussian family kind {kind!r}; known: {', '.join(_FIELDS)}")
+    if set(arrays) != set(_FIELDS[kind]):
+        raise ValueError(f"a {kind!r} family needs arrays {_FIELDS[kind]}, got {sorted(arrays)}")
+    loc = arrays["loc"]
+    dim = loc.shape[-1] if dim is None and loc.ndim == 1 else dim
+    expected = {"loc": (dim,), "scale": (dim,), "diag_scale": (dim,), "scale_tril": (dim, dim)}
+    for name, value in arrays.items():
+        want = expected.get(name)
+        if name == "factor":
+            if value.ndim != 2 or value.shape[0] != dim:
+                raise ValueError(f"array {name!r} has shape {list(value.shape)}; expected [{dim}, rank]")
+        elif tuple(value.shape) != want:
+            raise ValueError(f"array {name!r} has shape {list(value.shape)}; expected {list(want)}")
+        if not np.all(np.isfinite(value)):
+            raise ValueError(f"array {name!r} holds non-finite values")
+    for name in ("scale", "diag_scale"):
+        if name in arrays and not np.all(arrays[name] > 0):
+            raise ValueError(f"array {name!r} must be positive")
     arrays = {k: jnp.asarray(v) for k, v in arrays.items()}
     if kind == "point":
         return PointMass(arrays["loc"])
     loc = arrays.pop("loc")
-    try:
-        operator = _OPERATORS[kind]
-    except KeyError:
-        raise ValueError(f"unknown Gaussian family kind {kind!r}; known: point, {', '.join(_OPERATORS)}") from None
-    return Gaussian(loc, operator(**arrays))
+    return Gaussian(loc, _OPERATORS[kind](**arrays))

@@ -15,6 +15,7 @@ device; a vmapped NUTS step waits for the longest trajectory in the batch).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
 
@@ -23,17 +24,24 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.hmc import hmc
 
-from ppl import _progress
-from ppl._errors import MemoryBudgetError, OptionError
+from ppl import _interrupt, _progress
+from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
+from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._base import (
+    Method,
+    check_choice,
+    check_dense_matrix,
+    check_positive,
+    check_positive_int,
+)
 
 __all__ = ["NUTS", "HMC"]
 
 INITS = ("uniform", "prior", "zeros")
 CHAIN_METHODS = ("sequential", "vectorized")
-MAX_DRAW_BYTES = 4 * 2**30
-_PROGRESS_CHUNKS = 20
+CHUNK_CAPACITY = 128  # most steps one compiled chunk can take
+TARGET_CHUNK_S = 0.5  # wall time the host aims each chunk at (Ctrl-C answers within one chunk)
 
 
 def _potential_fn_gen(problem):
@@ -53,46 +61,87 @@ class _ChainConfig:
     init: str
 
 
-def _chain(config: _ChainConfig, problem, key, target_accept, trajectory_length):
-    # target_accept and trajectory_length are arrays: tuning them does not recompile.
-    init_key, run_key = jax.random.split(key)
-    position = problem.init_position(init_key, config.init)
-    init_kernel, sample_kernel = hmc(potential_fn_gen=_potential_fn_gen, algo=config.algo)
-    state = init_kernel(
-        position,
-        config.num_warmup,
+def _init_kernel_args(config: _ChainConfig, target_accept, trajectory_length) -> dict:
+    return dict(
         dense_mass=config.dense_mass,
         target_accept_prob=target_accept,
         max_tree_depth=config.max_tree_depth,
         trajectory_length=trajectory_length,
+    )
+
+
+def _init_chain(config: _ChainConfig, problem, key, target_accept, trajectory_length):
+    """The kernel state of a fresh chain: initial position, step-size search, adaptation state."""
+    init_key, run_key = jax.random.split(key)
+    position = problem.init_position(init_key, config.init)
+    init_kernel, _ = hmc(potential_fn_gen=_potential_fn_gen, algo=config.algo)
+    return init_kernel(
+        position,
+        config.num_warmup,
+        **_init_kernel_args(config, target_accept, trajectory_length),
         model_args=(problem,),
         rng_key=run_key,
     )
-    warmup_every = max(1, math.ceil(config.num_warmup / _PROGRESS_CHUNKS))
-    sample_every = max(1, math.ceil(config.num_samples / _PROGRESS_CHUNKS))
-
-    def warmup_step(state, step):
-        _progress.tick_every(step, warmup_every, config.num_warmup, phase=0)
-        return sample_kernel(state, model_args=(problem,)), None
-
-    def sample_step(state, step):
-        _progress.tick_every(step, sample_every, config.num_samples, phase=1)
-        state = sample_kernel(state, model_args=(problem,))
-        stats = (state.z, state.diverging, state.num_steps, state.accept_prob, state.energy)
-        return state, stats
-
-    state, _ = jax.lax.scan(warmup_step, state, jnp.arange(config.num_warmup))
-    state, stats = jax.lax.scan(sample_step, state, jnp.arange(config.num_samples))
-    adapt = state.adapt_state
-    return stats, adapt.step_size, adapt.inverse_mass_matrix
 
 
-_chain_jit = jax.jit(_chain, static_argnames=("config",))
+def _advance(config: _ChainConfig, capacity: int, problem, state, num_active, target_accept, trajectory_length):
+    """Up to ``capacity`` kernel steps from ``state``; steps ``≥ num_active`` leave it unchanged.
+
+    One compiled program serves every chunk length (``num_active`` is an array), so the host can
+    size chunks to wall time without recompiling. The kernel's randomness lives in the state's key,
+    so the draws do not depend on how the steps are cut into chunks.
+    """
+    init_kernel, sample_kernel = hmc(potential_fn_gen=_potential_fn_gen, algo=config.algo)
+    # NumPyro keeps the kernel's settings (adaptation schedule, tree depth) in closures that
+    # init_kernel fills in; calling it binds them. Its own output is unused and compiled away.
+    init_kernel(
+        state.z,
+        config.num_warmup,
+        **_init_kernel_args(config, target_accept, trajectory_length),
+        model_args=(problem,),
+        rng_key=state.rng_key,
+    )
+
+    def step(state, index):
+        state = jax.lax.cond(
+            index < num_active, lambda s: sample_kernel(s, model_args=(problem,)), lambda s: s, state
+        )
+        return state, (state.z, state.diverging, state.num_steps, state.accept_prob, state.energy)
+
+    return jax.lax.scan(step, state, jnp.arange(capacity))
+
+
+_init_one = jax.jit(_init_chain, static_argnames=("config",))
+_advance_one = jax.jit(_advance, static_argnames=("config", "capacity"))
 
 
 @partial(jax.jit, static_argnames=("config",))
-def _chains_vectorized(config, problem, keys, target_accept, trajectory_length):
-    return jax.vmap(lambda k: _chain(config, problem, k, target_accept, trajectory_length))(keys)
+def _init_many(config, problem, keys, target_accept, trajectory_length):
+    return jax.vmap(lambda k: _init_chain(config, problem, k, target_accept, trajectory_length))(keys)
+
+
+@partial(jax.jit, static_argnames=("config", "capacity"))
+def _advance_many(config, capacity, problem, states, num_active, target_accept, trajectory_length):
+    return jax.vmap(
+        lambda s: _advance(config, capacity, problem, s, num_active, target_accept, trajectory_length)
+    )(states)
+
+
+STAT_NAMES = ("z", "diverging", "num_steps", "accept_prob", "energy")
+
+
+class _Lane:
+    """Chains advanced together by one compiled call: one chain on its own device (sequential), or
+    every chain vmapped (vectorized). ``state`` is the kernel state (leading chain axis when batched)."""
+
+    def __init__(self, chains: list, batched: bool, device):
+        self.chains, self.batched, self.device, self.state = chains, batched, device, None
+
+
+def _chunk_capacity(num_params: int, itemsize: int) -> int:
+    # Positions of every step in a chunk come back to the host; keep that transfer under ~64 MiB.
+    fits = max(1, (64 * 2**20) // max(1, num_params * itemsize))
+    return int(min(CHUNK_CAPACITY, 2 ** int(math.log2(fits))))
 
 
 @dataclass(frozen=True)
@@ -106,6 +155,7 @@ class _MCMC(Method):
     chain_method: str = "sequential"
 
     def __post_init__(self):
+        super().__post_init__()
         check_positive_int(self.name, "num_warmup", self.num_warmup, allow_zero=True)
         check_positive_int(self.name, "num_samples", self.num_samples)
         check_positive_int(self.name, "num_chains", self.num_chains)
@@ -120,72 +170,261 @@ class _MCMC(Method):
     def _trajectory_length(self) -> float:
         return 2 * math.pi  # unused by NUTS; NumPyro's default
 
+    def stored_draws(self) -> int:
+        return self.num_chains * self.num_samples
+
     def check(self, problem) -> None:
-        size = self.num_chains * self.num_samples * problem.num_params * np.dtype(problem.init_params.dtype).itemsize
-        if size > MAX_DRAW_BYTES:
-            raise MemoryBudgetError(
-                f"{self.name}: storing {self.num_chains} chains × {self.num_samples} draws × {problem.num_params} "
-                f"parameters needs {size / 2**30:.1f} GiB (limit {MAX_DRAW_BYTES / 2**30:.0f} GiB); lower "
-                "num_samples or num_chains, or use a method that stores fewer draws (svi, map)"
+        itemsize = np.dtype(problem.init_params.dtype).itemsize
+        if self.dense_mass:
+            check_dense_matrix(
+                self.name, "a dense mass matrix", problem.num_params, itemsize,
+                copies=self.num_chains if self.chain_method == "vectorized" else 1,
+                alternatives="dense_mass=False (a diagonal mass matrix)",
             )
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        session = session or Session()
         config = self._config()
-        keys = [jax.random.fold_in(key, i) for i in range(self.num_chains)]
+        dtype = problem.init_params.dtype
+        tuning = (jnp.asarray(self.target_accept, dtype), jnp.asarray(self._trajectory_length(), dtype))
+        total = self.num_warmup + self.num_samples
+        chains = list(range(self.num_chains))
+        capacity = _chunk_capacity(problem.num_params, np.dtype(dtype).itemsize)
+        records = {c: {name: [] for name in STAT_NAMES} for c in chains}
+        done = [0] * self.num_chains
+        saved_states: dict = {}
+        resume = session.resume_state("mcmc")
+        if resume is not None:
+            done, saved_states = self._restore(resume, records, problem, tuning)
+        session.start_count(sum(done))
+        devices = jax.devices()
+        if self.chain_method == "vectorized":
+            groups = [[_Lane(chains, True, devices[0])]]
+        else:
+            # Chain i runs on device i mod D; a group of D chains advances together, so with
+            # several devices (GPUs, or CPU host devices via XLA_FLAGS) the chains run concurrently.
+            lanes = [_Lane([c], False, devices[c % len(devices)]) for c in chains]
+            groups = [lanes[i : i + len(devices)] for i in range(0, len(lanes), len(devices))]
         # Vectorized chains share one loop, so the bars count steps of all chains at once.
-        together = self.chain_method == "vectorized"
-        per_bar = 1 if together else self.num_chains
-        label = f"{self.num_chains} chains{' in parallel' if together else ''}"
+        per_bar = 1 if self.chain_method == "vectorized" else self.num_chains
+        label = f"{self.num_chains} chains{' in parallel' if self.chain_method == 'vectorized' else ''}"
+        lanes_by_chain = {}
         with _progress.task(
             f"{self.name} warmup ({label})",
             per_bar * self.num_warmup,
             (f"{self.name} sampling ({label})", per_bar * self.num_samples),
-        ):
-            dtype = problem.init_params.dtype
-            tuning = (jnp.asarray(self.target_accept, dtype), jnp.asarray(self._trajectory_length(), dtype))
-            if self.chain_method == "vectorized":
-                stats, step_size, inverse_mass = _chains_vectorized(config, problem, jnp.stack(keys), *tuning)
-            else:
-                # Chain i runs on device i mod D. Dispatch is asynchronous, so with several devices
-                # (GPUs, or CPU host devices via XLA_FLAGS=--xla_force_host_platform_device_count)
-                # the chains run concurrently; each is the same compiled program, so the draws do
-                # not depend on the placement.
-                devices = jax.devices()
-                results = []
-                try:
-                    for i, k in enumerate(keys):
-                        placed = jax.device_put((problem, k, tuning), devices[i % len(devices)])
-                        results.append(_chain_jit(config, placed[0], placed[1], *placed[2]))
-                        if len(devices) == 1:
-                            # One device runs one chain at a time anyway; waiting here lets Ctrl-C
-                            # keep the chains already finished.
-                            jax.block_until_ready(results[-1])
-                except KeyboardInterrupt:
-                    results = [r for r in results if all(x.is_ready() for x in jax.tree_util.tree_leaves(r))]
-                    if not results:
+        ), _interrupt.guard():
+            # A resumed run's bars start where the checkpoint stopped (one bar position per lane).
+            firsts = [lane.chains[0] for group in groups for lane in group]
+            _progress.advance(sum(min(done[c], self.num_warmup) for c in firsts), 0)
+            _progress.advance(sum(max(done[c] - self.num_warmup, 0) for c in firsts), 1)
+            pace = _interrupt.ChunkPace(capacity, TARGET_CHUNK_S)
+            for group in groups:
+                live = [lane for lane in group if done[lane.chains[0]] < total]
+                for lane in live:
+                    lanes_by_chain.update({c: lane for c in lane.chains})
+                    self._start_lane(lane, key, problem, tuning, config, saved_states)
+                while live and not _interrupt.requested():
+                    steps = pace.next_chunk()
+                    started = time.perf_counter()
+                    active = [min(steps, total - done[lane.chains[0]]) for lane in live]
+                    outputs = []
+                    for lane, n in zip(live, active):
+                        call = _advance_many if lane.batched else _advance_one
+                        outputs.append(call(config, capacity, problem, lane.state, jnp.asarray(n), *tuning))
+                    outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
+                    pace.record(max(active), time.perf_counter() - started)
+                    starts = [done[lane.chains[0]] for lane in live]
+                    try:
+                        for lane, n, (state, stats) in zip(live, active, outputs):
+                            self._collect(lane, n, stats, done, records, problem)
+                    except NonFiniteError as error:
+                        error.partial = self._partial(problem, records, done, lanes_by_chain, saved_states)[0]
+                        if error.partial is not None:
+                            error.partial.info["failed"] = str(error)
                         raise
-                results = jax.device_get(results)
-                stats, step_size, inverse_mass = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *results)
-        positions, diverging, num_steps, accept_prob, energy = (np.asarray(x) for x in stats)
-        info = {
-            "interrupted": positions.shape[0] < self.num_chains,
-            "chains_done": int(positions.shape[0]),
-            "diverging": diverging,
-            "num_steps": num_steps,
-            "accept_prob": accept_prob,
-            "energy": energy,
-            "divergences": int(diverging.sum()),
-            "step_size": np.asarray(step_size),
-            "inverse_mass_matrix_diag": np.asarray(
-                inverse_mass if inverse_mass.ndim == 2 else jnp.diagonal(inverse_mass, axis1=-2, axis2=-1)
-            ),
-            "mean_accept_prob": float(accept_prob.mean()),
+                    for lane, (state, _) in zip(live, outputs):
+                        lane.state = state
+                    for start, n in zip(starts, active):
+                        warm = max(0, min(start + n, self.num_warmup) - start)
+                        _progress.advance(warm, 0)
+                        _progress.advance(n - warm, 1)
+                    live = [lane for lane in live if done[lane.chains[0]] < total]
+                    session.maybe_checkpoint(
+                        sum(done), lambda: self._partial(problem, records, done, lanes_by_chain, saved_states)
+                    )
+                if _interrupt.requested():
+                    break
+        posterior, state = self._partial(problem, records, done, lanes_by_chain, saved_states)
+        if posterior is None:
+            raise Interrupted(
+                f"{self.name}: interrupted during warmup, before the first draw; the state is kept — save it "
+                "with .save(path) and resume with ppl.fit(..., resume=path)",
+                state,
+            )
+        if any(d < total for d in done):
+            posterior.resume_state = state
+        return posterior
+
+    # -- pieces of run -------------------------------------------------------------------------------
+    def _start_lane(self, lane, key, problem, tuning, config, saved_states) -> None:
+        if lane.chains[0] in saved_states:
+            lane.state = jax.device_put(saved_states[lane.chains[0]], lane.device)
+            return
+        keys = [jax.random.fold_in(key, c) for c in lane.chains]
+        if lane.batched:
+            lane.state = _init_many(config, problem, jnp.stack(keys), *tuning)
+        else:
+            placed = jax.device_put((problem, keys[0], tuning), lane.device)
+            lane.state = _init_one(config, placed[0], placed[1], *placed[2])
+
+    def _collect(self, lane, n, stats, done, records, problem) -> None:
+        """Keep the post-warmup rows of a chunk's statistics; stop at the first non-finite state."""
+        start = done[lane.chains[0]]
+        first_draw = max(0, self.num_warmup - start)
+        for i, c in enumerate(lane.chains):
+            rows = {name: (value[i] if lane.batched else value)[:n] for name, value in zip(STAT_NAMES, stats)}
+            bad = ~(np.all(np.isfinite(rows["z"]), axis=1) & np.isfinite(rows["energy"]))
+            if bad.any():
+                first = int(np.flatnonzero(bad)[0])
+                sites = _sites_of(problem, ~np.isfinite(rows["z"][first]))
+                error = NonFiniteError(
+                    f"{self.name}: chain {c} reached a non-finite state at step {start + first} "
+                    f"({'warmup' if start + first < self.num_warmup else 'sampling'}; non-finite: "
+                    f"{', '.join(sites) or 'the energy'}); the draws before it are kept on this error as "
+                    ".partial — check the model's log density for NaN/inf (bad constraints, overflow)",
+                    step=start + first,
+                )
+                for name in STAT_NAMES:
+                    records[c][name].append(rows[name][first_draw:first])
+                done[c] = start + first
+                raise error
+            for name in STAT_NAMES:
+                records[c][name].append(rows[name][first_draw:])
+        for c in lane.chains:
+            done[c] = start + n
+
+    def _restore(self, resume, records, problem, tuning):
+        progress = resume.progress
+        done = [int(d) for d in progress.get("steps_done", [])]
+        total = self.num_warmup + self.num_samples
+        if len(done) != self.num_chains or any(not 0 <= d <= total for d in done):
+            raise ResumeError(f"the checkpoint's progress {progress} does not fit {self.num_chains} chains of {total} steps")
+        config = self._config()
+        template_key = jnp.zeros(2, jnp.uint32)
+        shape = jax.eval_shape(lambda k: _init_chain(config, problem, k, *tuning), template_key)
+        started = [int(c) for c in progress.get("state_chains", [])]
+        if self.chain_method == "vectorized":
+            shape = jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct((self.num_chains, *s.shape), s.dtype), shape)
+            template = {c: shape for c in started[:1]}
+        else:
+            template = {c: shape for c in started}
+        per_chain = len(jax.tree_util.tree_leaves(shape))
+        if len(resume.leaves) != per_chain * len(template):
+            raise ResumeError(
+                f"the checkpoint holds {len(resume.leaves)} state arrays, not the {per_chain * len(template)} "
+                f"that {len(template)} chain state(s) of this sampler need; start afresh without resume"
+            )
+        states = {}
+        for i, c in enumerate(template):
+            states[c] = restore_tree(template[c], resume.leaves[i * per_chain : (i + 1) * per_chain], f"chain {c} state")
+        for c in range(self.num_chains):
+            kept = max(0, done[c] - self.num_warmup)
+            for name in STAT_NAMES:
+                value = resume.arrays.get(f"chain{c}/{name}")
+                if value is None and kept == 0:
+                    continue
+                if value is None or value.shape[0] != kept:
+                    raise ResumeError(f"the checkpoint's chain {c} statistics {name!r} do not match its {kept} draws")
+                records[c][name].append(np.asarray(value))
+        return done, states
+
+    def _partial(self, problem, records, done, lanes_by_chain, saved_states):
+        """(Posterior of the draws so far or None, ResumeState to continue from)."""
+        total = self.num_warmup + self.num_samples
+        joined = {c: {name: _concat(parts, name) for name, parts in rec.items()} for c, rec in records.items()}
+        counts = [joined[c]["z"].shape[0] if joined[c]["z"] is not None else 0 for c in joined]
+        complete = [c for c in joined if done[c] >= total]
+        if complete:
+            use, length = complete, self.num_samples
+        else:
+            use = [c for c in joined if counts[c] > 0]
+            length = min((counts[c] for c in use), default=0)
+        posterior = None
+        if use and length > 0:
+            posterior = self._posterior(problem, [{k: v[:length] for k, v in joined[c].items()} for c in use],
+                                        lanes_by_chain, use, saved_states, done)
+        states, state_chains = [], []
+        if self.chain_method == "vectorized":
+            lane = lanes_by_chain.get(0)
+            state = lane.state if lane is not None else saved_states.get(0)
+            if state is not None:
+                states.append(state)
+                state_chains.append(0)
+        else:
+            for c in range(self.num_chains):
+                lane = lanes_by_chain.get(c)
+                state = lane.state if lane is not None else saved_states.get(c)
+                if state is not None and done[c] > 0:
+                    states.append(state)
+                    state_chains.append(c)
+        leaves = [np.asarray(leaf) for s in states for leaf in jax.tree_util.tree_leaves(jax.device_get(s))]
+        arrays = {
+            f"chain{c}/{name}": value
+            for c in joined
+            for name, value in joined[c].items()
+            if value is not None
         }
+        state = ResumeState("mcmc", {"steps_done": list(map(int, done)), "state_chains": state_chains}, leaves, arrays)
+        return posterior, state
+
+    def _posterior(self, problem, rows, lanes_by_chain, use, saved_states, done) -> Posterior:
+        stats = {name: np.stack([r[name] for r in rows]) for name in STAT_NAMES}
+        total = self.num_warmup + self.num_samples
+        step_sizes, inverse_masses = [], []
+        for c in use:
+            lane = lanes_by_chain.get(c)
+            state = lane.state if lane is not None else saved_states.get(c if self.chain_method != "vectorized" else 0)
+            adapt = jax.device_get(state.adapt_state)
+            step_size, inverse_mass = np.asarray(adapt.step_size), np.asarray(adapt.inverse_mass_matrix)
+            if self.chain_method == "vectorized":
+                step_size, inverse_mass = step_size[c], inverse_mass[c]
+            step_sizes.append(step_size)
+            inverse_masses.append(inverse_mass if inverse_mass.ndim == 1 else np.diagonal(inverse_mass))
+        incomplete = any(d < total for d in done)
+        info = {
+            "interrupted": incomplete,
+            "chains_done": int(sum(d >= total for d in done)),
+            "steps_done": [int(d) for d in done],
+            "diverging": stats["diverging"],
+            "num_steps": stats["num_steps"],
+            "accept_prob": stats["accept_prob"],
+            "energy": stats["energy"],
+            "divergences": int(stats["diverging"].sum()),
+            "step_size": np.asarray(step_sizes),
+            "inverse_mass_matrix_diag": np.asarray(inverse_masses),
+            "mean_accept_prob": float(stats["accept_prob"].mean()),
+        }
+        config = self._config()
         if config.algo == "NUTS":
-            info["tree_depth_hits"] = int((num_steps >= 2**config.max_tree_depth - 1).sum())
+            info["tree_depth_hits"] = int((stats["num_steps"] >= 2**config.max_tree_depth - 1).sum())
             info["max_tree_depth"] = config.max_tree_depth
-        return Posterior(method=self.name, problem=problem, flat_draws=positions, info=info)
+        return Posterior(method=self.name, problem=problem, flat_draws=stats["z"], info=info)
+
+
+def _concat(parts: list, name: str):
+    parts = [p for p in parts if p is not None and len(p)]
+    return np.concatenate(parts) if parts else None
+
+
+def _sites_of(problem, bad_columns: np.ndarray) -> list:
+    names, start = [], 0
+    for site in problem.sites:
+        if np.any(bad_columns[start : start + site.size]):
+            names.append(site.name)
+        start += site.size
+    return names
 
 
 @dataclass(frozen=True)

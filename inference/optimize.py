@@ -9,27 +9,32 @@ with the last finite parameters kept) and advances the progress bar. Per-step ke
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from functools import partial
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ppl import _progress
+from ppl import _interrupt, _progress
+from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._data import check_batch_size
-from ppl._errors import NonFiniteError, OptionError
+from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
 
-__all__ = ["MAP", "OptimizerConfig", "minimize", "loss_convergence", "NegativeLogJoint"]
+__all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "NegativeLogJoint"]
 
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
 INITS = ("prior", "uniform", "zeros")
-_NUM_CHUNKS = 20
+CHUNK_CAPACITY = 256  # most steps one compiled chunk can take (chunks are sized to ~0.5 s)
+CONVERGENCE_RTOL = 1e-3  # a last-window loss drop below this fraction of the loss's scale is "settled"
+GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
 
 
 @dataclass(frozen=True)
@@ -77,8 +82,13 @@ def _select(flag, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
-@partial(jax.jit, static_argnames=("objective", "config", "num_steps"))
-def _run_chunk(objective, config, problem, params, opt_state, key, start, learning_rate, num_steps):
+@partial(jax.jit, static_argnames=("objective", "config", "capacity"))
+def _run_chunk(objective, config, capacity, problem, params, opt_state, key, start, num_active, learning_rate):
+    """Steps ``start .. start + num_active − 1`` (at most ``capacity``; the rest are skipped).
+
+    One compiled program serves every chunk length, so chunks are sized to wall time. Step ``t``
+    uses ``fold_in(key, t)``, so the result does not depend on where chunks begin.
+    """
     optimizer = config.build(learning_rate)
 
     def one_step(carry, step):
@@ -106,9 +116,22 @@ def _run_chunk(objective, config, problem, params, opt_state, key, start, learni
         new_params = optax.apply_updates(params, updates)
         return (_select(active, new_params, params), _select(active, new_state, opt_state)), value
 
-    steps = start + jnp.arange(num_steps)
-    (params, opt_state), losses = jax.lax.scan(one_step, (params, opt_state), steps)
+    def maybe_step(carry, index):
+        return jax.lax.cond(
+            index < num_active,
+            lambda c: one_step(c, start + index),
+            lambda c: (c, jnp.full((), jnp.nan, problem.init_params.dtype)),
+            carry,
+        )
+
+    (params, opt_state), losses = jax.lax.scan(maybe_step, (params, opt_state), jnp.arange(capacity))
     return params, opt_state, losses
+
+
+@partial(jax.jit, static_argnames=("objective",))
+def _full_gradient(objective, problem, params, key):
+    value, grad = jax.value_and_grad(lambda p: objective(p, problem, key, None))(params)
+    return value, optax.tree_utils.tree_l2_norm(grad)
 
 
 def _nonfinite_sites(params, problem) -> list[str]:
@@ -131,78 +154,170 @@ def _nonfinite_sites(params, problem) -> list[str]:
     return names
 
 
-def minimize(objective, config: OptimizerConfig, problem, params, key, *, learning_rate: float, label: str):
-    """Minimise ``objective(params, problem, key, batch)``; returns (params, losses).
+class Minimized(NamedTuple):
+    """What :func:`minimize` returns: the parameters reached, one loss per step done, and the state
+    to resume from when the run stopped early (None when it ran to the end)."""
 
-    ``losses`` has one entry per step done. Ctrl-C (KeyboardInterrupt) between chunks stops early and
-    returns what was reached, so ``len(losses) < config.steps`` marks an interrupted run (see
-    :func:`loss_convergence`); an interrupt before the first chunk finishes propagates.
+    params: Any
+    losses: np.ndarray
+    resume_state: ResumeState | None
+
+
+def minimize(
+    objective,
+    config: OptimizerConfig,
+    problem,
+    params,
+    key,
+    *,
+    learning_rate: float,
+    label: str,
+    session: Session | None = None,
+    build=None,
+) -> Minimized:
+    """Minimise ``objective(params, problem, key, batch)`` in chunks of steps.
+
+    Between chunks the host checks for non-finite losses/parameters (stopping at the first bad chunk,
+    with the last finite parameters kept on the :class:`ppl.NonFiniteError` and, when ``build`` is
+    given, a partial Posterior built from them as ``.partial``), advances the progress bar, writes a
+    checkpoint when one is due, and stops early on Ctrl-C. ``build(params, losses)`` turns parameters
+    into a Posterior (for checkpoints and partial results).
     """
-    chunk = max(1, math.ceil(config.steps / _NUM_CHUNKS))
+    session = session or Session()
+    capacity = max(1, min(CHUNK_CAPACITY, config.steps))
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
     opt_state = _init_state(config, params, learning_rate)
-    history = []
-    with _progress.task(label, config.steps), _interruptible(history):
-        for start in range(0, config.steps, chunk):
-            new_params, new_state, losses = _run_chunk(
-                objective, config, problem, params, opt_state, key, jnp.asarray(start), learning_rate, chunk
+    history: list = []
+    step = 0
+    resume = session.resume_state("optimize")
+    if resume is not None:
+        step = int(resume.progress.get("steps_done", -1))
+        losses = np.asarray(resume.arrays.get("losses", np.zeros(0)))
+        if not 0 <= step <= config.steps or losses.shape != (step,):
+            raise ResumeError(
+                f"the checkpoint's progress ({step} steps, {losses.shape[0]} losses) does not fit a run of "
+                f"{config.steps} steps; start afresh without resume"
             )
-            losses = np.asarray(losses)[: min(chunk, config.steps - start)]
+        params, opt_state = restore_tree((params, opt_state), resume.leaves, "optimiser state")
+        params, opt_state = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
+        history.append(losses)
+    session.start_count(step)
+
+    def state_now(params, opt_state, step):
+        losses = np.concatenate(history) if history else np.zeros(0)
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
+        return ResumeState("optimize", {"steps_done": int(step)}, leaves, {"losses": losses})
+
+    def partial_now(params, opt_state, step):
+        state = state_now(params, opt_state, step)
+        posterior = None if build is None or step == 0 else build(params, state.arrays["losses"])
+        if posterior is not None and step < config.steps:
+            posterior.resume_state = state
+        return posterior, state
+
+    pace = _interrupt.ChunkPace(capacity)
+    with _progress.task(label, config.steps), _interrupt.guard():
+        _progress.advance(step)
+        while step < config.steps and not _interrupt.requested():
+            count = min(pace.next_chunk(), config.steps - step)
+            started = time.perf_counter()
+            new_params, new_state, losses = _run_chunk(
+                objective, config, capacity, problem, params, opt_state, key, jnp.asarray(step),
+                jnp.asarray(count), learning_rate,
+            )
+            losses = np.asarray(losses)[:count]
+            pace.record(count, time.perf_counter() - started)
             finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
             if not np.all(np.isfinite(losses)) or not finite_params:
                 bad = np.flatnonzero(~np.isfinite(losses))
-                step = start + int(bad[0]) if bad.size else start + len(losses) - 1
+                first = step + int(bad[0]) if bad.size else step + len(losses) - 1
                 where = _nonfinite_sites(new_params, problem)
-                raise NonFiniteError(
-                    f"{label}: the loss or the parameters became non-finite at step {step} "
+                error = NonFiniteError(
+                    f"{label}: the loss or the parameters became non-finite at step {first} "
                     f"(non-finite: {', '.join(where) or 'the loss only'}); the last finite parameters "
-                    f"(before step {start}) are kept on this error as .last_finite_params — lower "
-                    "learning_rate, tighten the prior, or standardise the data",
-                    step=step,
+                    f"(before step {step}) are kept on this error as .last_finite_params"
+                    + (" and as a partial result in .partial" if build is not None and step > 0 else "")
+                    + " — lower learning_rate, tighten the prior, or standardise the data",
+                    step=first,
                     last_finite_params=params,
                 )
+                error.partial = partial_now(params, opt_state, step)[0]
+                if error.partial is not None:
+                    error.partial.info["failed"] = str(error)
+                raise error
             params, opt_state = new_params, new_state
             history.append(losses)
+            step += len(losses)
             _progress.advance(len(losses))
-    return params, np.concatenate(history)
+            session.maybe_checkpoint(step, lambda: partial_now(params, opt_state, step))
+    losses = np.concatenate(history) if history else np.zeros(0)
+    if step == 0:
+        raise Interrupted(f"{label}: interrupted before the first step finished", state_now(params, opt_state, 0))
+    return Minimized(params, losses, state_now(params, opt_state, step) if step < config.steps else None)
 
 
-class _interruptible:
-    """Swallow a KeyboardInterrupt once some chunks are done (their results are kept)."""
+def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
+                     gradient: tuple | None = None, stochastic: bool = True) -> dict:
+    """Judge whether an optimisation run settled, from its loss curve and its final state.
 
-    def __init__(self, history: list):
-        self.history = history
+    Three tests, each recorded (a run is converged only when none fails):
 
-    def __enter__(self):
-        return self
+    * it moved: parameters that never left their starting point are a failed run (an overflowed
+      loss, a line search that never accepted a step), not a converged one;
+    * the loss stopped falling: a least-squares line through the last 20% of the losses must not
+      fall by more than ``CONVERGENCE_RTOL`` of the loss's scale over that window with a slope
+      more than three standard errors below zero (noise-aware, so minibatch and Monte Carlo
+      losses are judged on their trend, not their jitter);
+    * for a deterministic objective (``stochastic=False``: exact full-batch losses), the final loss
+      is not above the best one seen (an optimiser thrown off by overflow or a failed line search
+      ends far above it), and, when ``gradient`` = (‖∇f(x_0)‖, ‖∇f(x_T)‖) of the full-batch objective
+      is given, the final gradient is small relative to where the run started:
+      ‖∇f(x_T)‖ ≤ ``GRADIENT_RTOL`` · max(‖∇f(x_0)‖, 1).
 
-    def __exit__(self, kind, value, traceback):
-        return kind is KeyboardInterrupt and bool(self.history)
-
-
-def loss_convergence(losses: np.ndarray, planned_steps: int | None = None) -> dict:
-    """Compare the mean loss over the last 10% of steps with the 10% before.
-
-    Converged when the change is within two standard errors of the difference (the loss is a
-    Monte Carlo estimate, so a flat curve still jitters) or below 1e-4 of the loss's magnitude.
     With ``planned_steps``, also records ``interrupted`` (fewer steps done than planned).
     """
     status = {} if planned_steps is None else {"interrupted": len(losses) < planned_steps, "steps_done": len(losses)}
-    window = max(10, len(losses) // 10)
-    if len(losses) < 2 * window:
-        # Too few steps to judge: None, not a verdict either way.
-        return {"converged": None, "loss_change": None, "loss_change_se": None, "final_loss": float(losses[-1]), **status}
-    last, before = losses[-window:], losses[-2 * window : -window]
-    change = float(last.mean() - before.mean())
-    se = float(math.sqrt(last.var() / window + before.var() / window))
-    converged = abs(change) <= 2.0 * se or abs(change) <= 1e-4 * max(1.0, abs(float(last.mean())))
-    return {
-        "converged": bool(converged),
-        "loss_change": change,
-        "loss_change_se": se,
-        "final_loss": float(last.mean()),
-        **status,
-    }
+    reasons = []
+    result = {"final_loss": float(losses[-1]) if len(losses) else None, "loss_slope": None, "loss_slope_se": None}
+    if moved is False:
+        reasons.append("the parameters never moved from their starting point")
+    window = max(10, len(losses) // 5)
+    if len(losses) >= 2 * window:
+        tail = np.asarray(losses[-window:], dtype=float)
+        t = np.arange(window, dtype=float) - (window - 1) / 2.0
+        slope = float(np.sum(t * (tail - tail.mean())) / np.sum(t * t))
+        residual = tail - tail.mean() - slope * t
+        se = float(np.sqrt(np.sum(residual**2) / (window - 2) / np.sum(t * t)))
+        # Successive losses of an optimiser are correlated; inflate the standard error by the
+        # residuals' lag-1 autocorrelation (an AR(1) variance factor) so jitter is not read as trend.
+        if window > 3 and np.var(residual) > 0:
+            rho = float(np.clip(np.corrcoef(residual[:-1], residual[1:])[0, 1], 0.0, 0.99))
+            se *= math.sqrt((1 + rho) / (1 - rho))
+        scale = max(1.0, abs(float(tail.mean())))
+        drop = -slope * window
+        result.update(loss_slope=slope, loss_slope_se=se, final_loss=float(tail.mean()))
+        if slope < -3.0 * se and drop > CONVERGENCE_RTOL * scale:
+            reasons.append(
+                f"the loss still fell by {drop:.3g} over the last {window} steps ({drop / scale:.2%} of its scale)"
+            )
+    elif not reasons:
+        return {**result, "converged": None, "convergence": "too few steps to judge", **status}
+    if not stochastic and len(losses):
+        best, final = float(np.min(losses)), float(losses[-1])
+        if not final <= best + CONVERGENCE_RTOL * max(1.0, abs(best)):
+            reasons.append(f"the final loss {final:.4g} is above the best one reached, {best:.4g}")
+    if gradient is not None:
+        start_norm, final_norm = (float(g) for g in gradient)
+        result["grad_norm"] = final_norm
+        if not math.isfinite(final_norm) or final_norm > GRADIENT_RTOL * max(start_norm, 1.0):
+            reasons.append(
+                f"the final gradient norm {final_norm:.3g} is not small against the starting {start_norm:.3g}"
+            )
+    return {**result, "converged": not reasons, "convergence": "; ".join(reasons) or "settled", **status}
+
+
+def _moved(start, end) -> bool:
+    return any(bool(jnp.any(a != b)) for a, b in zip(jax.tree_util.tree_leaves(start), jax.tree_util.tree_leaves(end)))
 
 
 @dataclass(frozen=True)
@@ -224,6 +339,7 @@ class MAP(Method):
     init: str = "prior"
 
     def __post_init__(self):
+        super().__post_init__()
         check_positive_int(self.name, "steps", self.steps)
         check_positive(self.name, "learning_rate", self.learning_rate)
         check_choice(self.name, "optimizer", self.optimizer, OPTIMIZERS)
@@ -240,14 +356,32 @@ class MAP(Method):
             optimizer = "adam" if self.batch_size is not None else "lbfgs"
         return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size)
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         init_key, run_key = jax.random.split(key)
         start = problem.init_position(init_key, self.init)
-        params, losses = minimize(
-            NegativeLogJoint(), self.config(), problem, start, run_key, learning_rate=self.learning_rate, label="map"
+        config = self.config()
+        objective = NegativeLogJoint()
+        # The MAP objective is deterministic on the full data even when training uses minibatches,
+        # so its full-batch gradient at the start and the end is a sound convergence test either way.
+        start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
+
+        def build(params, losses):
+            _, final_norm = _full_gradient(objective, problem, params, run_key)
+            judged = loss_convergence(
+                losses, self.steps, moved=_moved(start, params), gradient=(start_norm, float(final_norm)),
+                stochastic=config.batch_size is not None,
+            )
+            info = {"losses": losses, "optimizer": config.optimizer, **judged}
+            return Posterior(
+                method=self.name, problem=problem, flat_draws=params[None, None], info=info,
+                approximation=PointMass(params),
+            )
+
+        result = minimize(
+            objective, config, problem, start, run_key, learning_rate=self.learning_rate, label="map",
+            session=session, build=build,
         )
-        info = {"losses": losses, "optimizer": self.config().optimizer, **loss_convergence(losses, self.steps)}
-        return Posterior(
-            method=self.name, problem=problem, flat_draws=params[None, None], info=info, approximation=PointMass(params)
-        )
+        posterior = build(result.params, result.losses)
+        posterior.resume_state = result.resume_state
+        return posterior

@@ -39,7 +39,12 @@ def create(name: str, options: dict):
             f"method {name!r} has no option(s) {', '.join(map(repr, unknown))}; valid options: "
             + ", ".join(f"{k}={v!r}" for k, v in valid.items())
         )
-    return cls(**options)
+    from ppl.inference._base import check_option_types
+
+    method = cls(**options)
+    # Also here, so a method whose __post_init__ forgets super() still gets its options checked.
+    check_option_types(method)
+    return method
 
 
 def describe() -> list[tuple[str, str, dict]]:

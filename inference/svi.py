@@ -25,12 +25,27 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ppl._checkpoint import Session
 from ppl._data import check_batch_size
 from ppl._posterior import Posterior
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._base import (
+    Method,
+    check_choice,
+    check_dense_matrix,
+    check_positive,
+    check_positive_int,
+)
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, LowRankDiagonal, PointMass, draw
-from ppl.inference.optimize import INITS, NegativeLogJoint, OptimizerConfig, loss_convergence, minimize
+from ppl.inference.optimize import (
+    INITS,
+    NegativeLogJoint,
+    OptimizerConfig,
+    _moved,
+    loss_convergence,
+    minimize,
+)
 
 __all__ = ["SVI", "GUIDES", "guide_family", "NegativeELBO"]
 
@@ -99,6 +114,7 @@ class SVI(Method):
     num_draws: int = 1000
 
     def __post_init__(self):
+        super().__post_init__()
         check_choice(self.name, "guide", self.guide, GUIDES)
         check_choice(self.name, "objective", self.objective, OBJECTIVES)
         check_choice(self.name, "schedule", self.schedule, ("constant", "cosine"))
@@ -107,24 +123,40 @@ class SVI(Method):
             check_positive_int(self.name, option, getattr(self, option))
         check_positive(self.name, "learning_rate", self.learning_rate)
 
+    def stored_draws(self) -> int:
+        return 1 if self.guide == "delta" else self.num_draws
+
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        itemsize = np.dtype(problem.init_params.dtype).itemsize
+        if self.guide == "full_rank":
+            # The factor, Adam's two moments and its gradient: four P × P arrays.
+            check_dense_matrix(
+                self.name, "a full-rank guide", problem.num_params, itemsize, copies=4,
+                alternatives="guide='low_rank' (rank=...) or 'mean_field'",
+            )
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         init_key, factor_key, run_key, draw_key = jax.random.split(key, 4)
         loc = problem.init_position(init_key, self.init)
         rank = min(self.rank, problem.num_params)
-        params = init_guide(self.guide, loc, rank, factor_key)
+        start = init_guide(self.guide, loc, rank, factor_key)
         objective = (
             NegativeLogJoint() if self.guide == "delta" else NegativeELBO(self.guide, self.num_particles)
         )
         config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size)
-        params, losses = minimize(
-            objective, config, problem, params, run_key, learning_rate=self.learning_rate, label=f"svi ({self.guide})"
+
+        def build(params, losses):
+            family = guide_family(self.guide, params)
+            flat = draw(family, draw_key, self.stored_draws())
+            info = {"losses": losses, **loss_convergence(losses, self.steps, moved=_moved(start, params))}
+            return Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
+
+        result = minimize(
+            objective, config, problem, start, run_key, learning_rate=self.learning_rate,
+            label=f"svi ({self.guide})", session=session, build=build,
         )
-        family = guide_family(self.guide, params)
-        num_draws = 1 if self.guide == "delta" else self.num_draws
-        flat = draw(family, draw_key, num_draws)
-        info = {"losses": losses, **loss_convergence(losses, self.steps)}
-        return Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
+        posterior = build(result.params, result.losses)
+        posterior.resume_state = result.resume_state
+        return posterior

@@ -15,17 +15,36 @@ __all__ = ["BNN", "LinearRegression", "LogisticRegression", "Layer", "Supervised
 _CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression)}
 
 
+_PRIORS = {cls.__name__: cls for cls in (priors.Isotropic, priors.PerLayer, priors.FanIn, priors.ScaleMixture)}
+
+
 def from_config(config: dict):
-    """Rebuild a declarative model from ``model.to_config()``."""
-    try:
-        cls = _CLASSES[config["class"]]
-    except KeyError:
-        raise ValueError(f"unknown model class in config: {config.get('class')!r}; known: {sorted(_CLASSES)}") from None
+    """Rebuild a declarative model from ``model.to_config()``.
+
+    Only the classes above can be named, only their declared fields are accepted, and every value
+    goes through the class's own validation: a configuration read from disk cannot reach anything else.
+    """
+    import dataclasses
+
+    if not isinstance(config, dict) or not isinstance(config.get("fields"), dict):
+        raise ValueError("a model configuration must be an object with 'class' and 'fields'")
+    cls = _CLASSES.get(config.get("class")) if isinstance(config.get("class"), str) else None
+    if cls is None:
+        raise ValueError(f"unknown model class in config: {config.get('class')!r}; known: {sorted(_CLASSES)}")
+    allowed = {f.name for f in dataclasses.fields(cls)}
     fields = dict(config["fields"])
+    unknown = sorted(set(fields) - allowed)
+    if unknown:
+        raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
     for name, value in fields.items():
-        if isinstance(value, dict) and "prior" in value:
+        if isinstance(value, dict):
             value = dict(value)
-            prior_cls = getattr(priors, value.pop("prior"))
+            prior_cls = _PRIORS.get(value.pop("prior", None))
+            if name != "prior" or prior_cls is None:
+                raise ValueError(f"field {name!r}: {value!r} is not a known prior ({sorted(_PRIORS)})")
+            prior_fields = {f.name for f in dataclasses.fields(prior_cls)}
+            if set(value) - prior_fields:
+                raise ValueError(f"{prior_cls.__name__} has no field(s) {sorted(set(value) - prior_fields)}")
             fields[name] = prior_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
         elif isinstance(value, list):
             fields[name] = tuple(value)

@@ -56,6 +56,12 @@ class BNN(SupervisedModel):
 
     def __post_init__(self):
         hidden = (self.hidden,) if isinstance(self.hidden, (int, np.integer)) else self.hidden
+        if isinstance(hidden, (str, bytes)) or not isinstance(hidden, (tuple, list)) or not all(
+            isinstance(h, (int, np.integer)) and not isinstance(h, (bool, np.bool_)) for h in hidden
+        ):
+            raise ValueError(
+                f"BNN.hidden must be an integer width or a tuple of them, e.g. (32,) or (32, 32); got {self.hidden!r}"
+            )
         object.__setattr__(self, "hidden", tuple(int(h) for h in hidden))
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"BNN.hidden widths must be positive integers, got {self.hidden}")

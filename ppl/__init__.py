@@ -12,7 +12,8 @@ Declare a model once, switch the inference method with one argument, read the sa
 from __future__ import annotations
 
 from ppl import datasets
-from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError
+from ppl._checkpoint import Interrupted
+from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 from ppl._evaluate import compare, evaluate
 from ppl._fit import fit
 from ppl._io import load
@@ -35,5 +36,19 @@ __all__ = [
     "OptionError",
     "NonFiniteError",
     "MemoryBudgetError",
+    "RunError",
+    "ResumeError",
+    "Interrupted",
+    "sbc",
 ]
 __version__ = "0.1.0"
+
+
+def sbc(model_fn, method, num_simulations, seed, **options):
+    """Simulation-based calibration of ``method`` on ``model_fn`` (see :func:`ppl.diagnostics.sbc.sbc`).
+
+    Imported on first use, so ``import ppl`` stays fast.
+    """
+    from ppl.diagnostics.sbc import sbc as run_sbc
+
+    return run_sbc(model_fn, method, num_simulations, seed, **options)

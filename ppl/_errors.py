@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["DataError", "OptionError", "NonFiniteError", "MemoryBudgetError"]
+__all__ = ["DataError", "OptionError", "NonFiniteError", "MemoryBudgetError", "RunError", "ResumeError"]
 
 
 class DataError(ValueError):
@@ -20,11 +20,24 @@ class NonFiniteError(FloatingPointError):
     ``step`` the first step whose loss was not finite, so nothing computed before is lost.
     """
 
-    def __init__(self, message: str, *, step: int, last_finite_params=None):
+    def __init__(self, message: str, *, step: int, last_finite_params=None, partial=None):
         super().__init__(message)
         self.step = step
         self.last_finite_params = last_finite_params
+        # A Posterior of the last finite state (marked failed), when the method could build one.
+        self.partial = partial
 
 
 class MemoryBudgetError(MemoryError):
     """A request (stored draws, a dense matrix) would not fit in memory; refused up front."""
+
+
+class RunError(ValueError):
+    """A saved run folder cannot be used as asked: missing, corrupt, edited, of another format
+    version, locked by another writer, or (for a plain NumPyro program) loaded without its program.
+    The message names the folder and the file."""
+
+
+class ResumeError(ValueError):
+    """A checkpoint does not belong to the run being resumed (other data, model, method, options or
+    seed), or its state does not fit this run; the message names what differs."""

@@ -2,15 +2,30 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 
+from ppl._checkpoint import Interrupted, Session
+from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import as_key, seed_record
 from ppl._problem import compile_problem
 
 __all__ = ["fit"]
 
 
-def fit(model, data, method: str = "nuts", *, seed, temperature: float = 1.0, tempering: str = "likelihood", **options):
+def fit(
+    model,
+    data,
+    method: str = "nuts",
+    *,
+    seed,
+    temperature: float = 1.0,
+    tempering: str = "likelihood",
+    checkpoint=None,
+    checkpoint_every: int | None = None,
+    resume=None,
+    **options,
+):
     """Fit ``model`` to ``data`` with the registered ``method``; returns a :class:`ppl.Posterior`.
 
     Args:
@@ -18,10 +33,21 @@ def fit(model, data, method: str = "nuts", *, seed, temperature: float = 1.0, te
         data: ``(X, y)`` for supervised models; a dict of keyword arguments for a plain NumPyro
             function. Validated on the host before anything is traced.
         method: a registry name (``ppl methods`` lists them with their options).
-        seed: an int or a JAX PRNG key. Same seed, same result, bit for bit on one machine.
+        seed: an int in [0, 2**32) or a JAX PRNG key. Same seed, same result, bit for bit on one machine.
         temperature, tempering: ``"likelihood"`` multiplies the log likelihood by 1/T (tempered
             posterior); ``"cold"`` multiplies the whole log joint by 1/T (p(θ|D)^(1/T)).
+        checkpoint, checkpoint_every: write the run's state to folder ``checkpoint`` every
+            ``checkpoint_every`` steps (optimisation steps, or MCMC steps of all chains together),
+            as a loadable partial run.
+        resume: a checkpoint folder (or a partial ``Posterior``, or a caught ``ppl.Interrupted``) to
+            continue from. It must come from the same model, data, method, options, seed and
+            temperature; anything else is refused, naming what differs. The resumed run equals the
+            uninterrupted one bit for bit on the same machine.
         **options: the method's options (unknown ones raise an error listing the valid ones).
+
+    Ctrl-C stops a running method at its next chunk of steps (within about a second) and returns a
+    partial result marked interrupted (``info["interrupted"]``) that ``resume=`` continues; before
+    anything was sampled it raises :class:`ppl.Interrupted`, which holds the state to resume.
 
     >>> import ppl
     >>> from ppl.models import LinearRegression
@@ -30,17 +56,103 @@ def fit(model, data, method: str = "nuts", *, seed, temperature: float = 1.0, te
     >>> post.diagnostics().log_evidence < 0
     True
     """
+    from ppl import _io
     from ppl.inference import registry
+    from ppl.inference._base import check_stored_draws
 
     key = as_key(seed)
     method_obj = registry.create(method, options)
+    if checkpoint_every is not None:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+            raise OptionError(f"checkpoint_every must be a positive integer (steps), got {checkpoint_every!r}")
+        if checkpoint is None:
+            raise OptionError("checkpoint_every needs checkpoint=<folder> to write to")
+    if checkpoint is not None:
+        if not isinstance(checkpoint, _io.RunTarget):
+            checkpoint = _io.RunTarget(checkpoint, {})
+        _io.check_writable_run(checkpoint.path)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering)
+    # Every method's stored draws are checked here, before anything is compiled or allocated.
+    check_stored_draws(method, method_obj.stored_draws(), problem.num_params, problem.init_params.dtype.itemsize)
     method_obj.check(problem)
+    print_seed = seed_record(seed)
+    fingerprint = _io.fingerprint(problem, method_obj, print_seed)
+    session = Session()
+    if resume is not None:
+        session.resume = _resume_state(resume, fingerprint)
+    takes_session = "session" in inspect.signature(method_obj.run).parameters
+    if not takes_session and (session.resume is not None or checkpoint_every is not None):
+        raise OptionError(f"method {method!r} computes its result in one step: there is nothing to checkpoint or resume")
+
+    def stamp(posterior, elapsed):
+        posterior.wall_time_s = elapsed
+        posterior.seed = print_seed
+        posterior.options = method_obj.as_dict()
+        posterior.fingerprint = fingerprint
+        posterior.info.setdefault("temperature", float(temperature))
+        posterior.info.setdefault("tempering", tempering)
+        return posterior
+
     start = time.perf_counter()
-    posterior = method_obj.run(key, problem)
-    posterior.wall_time_s = time.perf_counter() - start
-    posterior.seed = seed_record(seed)
-    posterior.options = method_obj.as_dict()
-    posterior.info.setdefault("temperature", float(temperature))
-    posterior.info.setdefault("tempering", tempering)
-    return posterior
+    if checkpoint_every is not None:
+        session.checkpoint_every = checkpoint_every
+
+        def write(posterior, state):
+            if posterior is not None:
+                stamp(posterior, time.perf_counter() - start)
+            _io.save_run(
+                checkpoint.path, posterior, resume_state=state, fingerprint=fingerprint, status="checkpoint",
+                extra_files=checkpoint.extra_files,
+            )
+
+        session.write = write
+    try:
+        posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
+    except Interrupted as error:
+        error.fingerprint = fingerprint
+        raise
+    except NonFiniteError as error:
+        if error.partial is not None:
+            stamp(error.partial, time.perf_counter() - start)
+        raise
+    return stamp(posterior, time.perf_counter() - start)
+
+
+def _resume_state(resume, fingerprint: dict):
+    """The ResumeState in ``resume`` after checking that it belongs to this run."""
+    from ppl import _io
+    from ppl._posterior import Posterior
+
+    if isinstance(resume, Interrupted):
+        state, theirs = resume.resume_state, resume.fingerprint
+    elif isinstance(resume, Posterior):
+        state, theirs = resume.resume_state, resume.fingerprint
+    else:
+        _, state, meta = _io.load_run(resume)
+        theirs = meta.get("fingerprint")
+    if state is None:
+        raise ResumeError(f"{resume!r} holds no state to resume: the run it records already finished")
+    if theirs is None:
+        raise ResumeError(f"{resume!r} does not record which run wrote it, so it cannot be checked; start afresh")
+    differences = _differences(theirs, _io._unjson(fingerprint))
+    if differences:
+        raise ResumeError(
+            "the checkpoint belongs to another run — " + "; ".join(differences)
+            + " — resume with the same model, data, method, options, seed and temperature, or start afresh"
+        )
+    return state
+
+
+def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        a, b = saved.get(key), now.get(key)
+        name = f"{prefix}{key}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out.extend(_differences(a, b, f"{name}."))
+        elif a != b:
+            if key == "data_sha256":
+                out.append("the training data differ (another dataset, split, order or float precision)")
+            else:
+                out.append(f"{name}: checkpoint {a!r}, now {b!r}")
+    return out

@@ -1,24 +1,67 @@
-"""Saving and loading runs: ``Posterior.save(path)`` and ``ppl.load(path)``.
+"""Saving and loading runs: ``Posterior.save(path)``, ``ppl.load(path)``, checkpoints.
 
-A run directory holds ``posterior.json`` (method, options, seed, scalars of ``info``, the model's
-configuration, temperature) and ``arrays.npz`` (flat unconstrained draws, the training data, the
-fitted approximation, array-valued ``info``). Each file is written to a temporary name in the
-same directory and renamed into place, so a reader never sees a half-written file.
+A run folder holds
+
+* ``posterior.json`` — method, options, seed, the model's configuration, temperature, the site
+  layout, scalar ``info``, the run's status and fingerprint (what resuming must match);
+* ``arrays.npz`` — flat unconstrained draws, constrained draws (plain programs), the training data,
+  the fitted approximation, array-valued ``info``, and the state to resume from (partial runs);
+* ``diagnostics.json`` — the diagnostics record, so a run can be shown without recomputing it;
+* optional extra files (the CLI's ``summary.json``);
+* ``manifest.json`` — written last: the format version and the size and SHA-256 of every file.
+
+**Committed as one unit.** Everything is written into a fresh hidden folder beside the target and
+renamed into place; an existing run is first renamed aside and removed only after the new one is
+in place. A reader therefore sees the old run or the new one, never a mixture. A lock file beside
+the folder keeps a second writer out, and a folder that is not a ppl run is never written into.
+
+**Loading never runs code the files name.** JSON and ``.npz`` (``allow_pickle=False``) only;
+every value read is checked against the schema below (types, shapes, dtypes, sizes, checksums)
+and any mismatch is one :class:`ppl.RunError` naming the folder and the file. Declarative models
+are rebuilt from a closed list of classes. A plain NumPyro program is never imported: the run
+loads *detached* (draws, diagnostics, metadata), and ``ppl.load(path, model=fn)`` re-attaches the
+program (checked against the saved site layout). ``trust=True`` imports it by its recorded name,
+for folders the caller wrote themselves.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
 import importlib
 import json
+import math
 import os
+import shutil
 import tempfile
+import zipfile
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["save_posterior", "load", "write_atomic"]
+from ppl._errors import RunError
 
-FORMAT_VERSION = 1
+__all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "write_atomic", "run_lock", "fingerprint"]
+
+FORMAT = "ppl-run"
+FORMAT_VERSION = 2
+MANIFEST = "manifest.json"
+META = "posterior.json"
+ARRAYS = "arrays.npz"
+DIAGNOSTICS = "diagnostics.json"
+MAX_JSON_BYTES = 64 * 2**20
+STATUSES = ("complete", "interrupted", "checkpoint", "failed")
+
+
+# -- writing --------------------------------------------------------------------------------------
+class RunTarget(NamedTuple):
+    """Where checkpoints go: a run folder, plus extra JSON files saved with every checkpoint."""
+
+    path: Path
+    extra_files: dict
 
 
 def write_atomic(path: Path, write) -> None:
@@ -29,6 +72,8 @@ def write_atomic(path: Path, write) -> None:
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
@@ -36,113 +81,608 @@ def write_atomic(path: Path, write) -> None:
         raise
 
 
-def _model_record(model) -> dict:
+_HELD: dict = {}
+
+
+@contextlib.contextmanager
+def run_lock(path):
+    """Hold the writer's lock of run folder ``path`` (re-entrant within this process).
+
+    The lock is an ``flock`` on ``.<name>.lock`` beside the folder, so it dies with the process that
+    held it (a killed writer never leaves a stale lock). A second writer gets a :class:`RunError`.
+    """
+    path = Path(path).absolute()
+    key = str(path)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield
+        finally:
+            _HELD[key][1] -= 1
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle = open(path.parent / f".{path.name}.lock", "a+")
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise RunError(
+            f"{path}: another ppl process is writing this run folder right now; wait for it to finish or "
+            "choose another output folder"
+        ) from None
+    _HELD[key] = [handle, 1]
+    try:
+        yield
+    finally:
+        _HELD[key][1] -= 1
+        if _HELD[key][1] == 0:
+            del _HELD[key]
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            handle.close()
+
+
+def is_run_folder(path: Path) -> bool:
+    return (Path(path) / MANIFEST).is_file() or (Path(path) / META).is_file()
+
+
+def check_writable_run(path: Path) -> None:
+    """Refuse to write into something that is not (or not yet) a ppl run folder."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise RunError(f"{path} is an existing file, not a run folder; choose another path")
+    if path.is_dir() and any(path.iterdir()) and not is_run_folder(path):
+        raise RunError(
+            f"{path} exists and is not a ppl run folder (no {MANIFEST}); ppl will not write into it — choose another path"
+        )
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(2**20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _dump(obj) -> bytes:
+    return json.dumps(_jsonable(obj), indent=2, allow_nan=False).encode()
+
+
+def save_run(path, posterior, *, resume_state=None, fingerprint=None, status=None, extra_files=None) -> None:
+    """Write a run folder as one unit: a posterior (or None for a state-only checkpoint), the state to
+    resume from, the fingerprint resuming must match, and extra JSON files (name -> object)."""
+    path = Path(path)
+    with run_lock(path):
+        check_writable_run(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+        try:
+            meta, arrays, diagnostics = _collect(posterior, resume_state, fingerprint, status)
+            with open(staging / ARRAYS, "wb") as handle:
+                np.savez(handle, **arrays)
+            (staging / META).write_bytes(_dump(meta))
+            if diagnostics is not None:
+                (staging / DIAGNOSTICS).write_bytes(_dump(diagnostics))
+            for name, obj in (extra_files or {}).items():
+                if name in (MANIFEST, META, ARRAYS, DIAGNOSTICS) or "/" in name:
+                    raise ValueError(f"extra run file name {name!r} is reserved or not a plain file name")
+                (staging / name).write_bytes(_dump(obj))
+            files = {
+                p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir())
+            }
+            manifest = {"format": FORMAT, "format_version": FORMAT_VERSION, "files": files}
+            (staging / MANIFEST).write_bytes(_dump(manifest))
+            for p in staging.iterdir():
+                with open(p, "rb") as handle:
+                    os.fsync(handle.fileno())
+            _swap_into_place(staging, path)
+        except OSError as error:
+            shutil.rmtree(staging, ignore_errors=True)
+            if error.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise RunError(
+                    f"{path}: could not write the run ({os.strerror(error.errno)}); nothing was changed on disk and "
+                    "the fitted result is still in memory — free space (or choose another folder) and call save again"
+                ) from error
+            raise
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    result = renameat2(at_fdcwd, os.fsencode(str(a)), at_fdcwd, os.fsencode(str(b)), rename_exchange)
+    if result == 0:
+        return True
+    if ctypes.get_errno() in (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP):
+        return False
+    raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()), str(b))
+
+
+def _swap_into_place(staging: Path, path: Path) -> None:
+    """Put the staged folder at ``path``: a reader sees the old run or the new one, never a mix.
+
+    Replacing an existing run swaps the two folders in one atomic step where the system can, so
+    there is no moment without a run at ``path``; elsewhere the old run is renamed aside first (a
+    crash in between leaves it at ``.<name>.old-*``, which ``ppl.load`` points to).
+    """
+    if not path.exists():
+        os.rename(staging, path)
+        return
+    if _exchange(staging, path):
+        shutil.rmtree(staging, ignore_errors=True)  # now holds the old run
+        return
+    aside = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+    os.rmdir(aside)
+    os.rename(path, aside)
+    os.rename(staging, path)
+    shutil.rmtree(aside, ignore_errors=True)
+
+
+def save_posterior(posterior, path, *, extra_files=None) -> None:
+    status = "complete"
+    if posterior.info.get("failed"):
+        status = "failed"
+    elif posterior.info.get("interrupted"):
+        status = "interrupted"
+    save_run(
+        path, posterior, resume_state=posterior.resume_state, fingerprint=posterior.fingerprint,
+        status=status, extra_files=extra_files,
+    )
+
+
+def model_record(model) -> dict:
     if hasattr(model, "to_config"):
         return {"kind": "declarative", **model.to_config()}
     module, name = getattr(model, "__module__", None), getattr(model, "__qualname__", None)
-    return {"kind": "function", "module": module, "qualname": name}
+    return {"kind": "function", "module": str(module), "qualname": str(name)}
 
 
 def _jsonable(value):
-    if isinstance(value, (np.generic,)):
-        return value.item()
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"float": "nan" if value != value else ("inf" if value > 0 else "-inf")}
     if isinstance(value, (str, int, float, bool)) or value is None:
         return value
-    if isinstance(value, (list, tuple)) and all(isinstance(v, (str, int, float, bool)) or v is None for v in value):
-        return list(value)
     return None
 
 
-def save_posterior(posterior, path) -> None:
-    path = Path(path)
+def _unjson(value):
+    if isinstance(value, dict):
+        if set(value) == {"float"} and value["float"] in ("nan", "inf", "-inf"):
+            return float(value["float"])
+        return {k: _unjson(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_unjson(v) for v in value]
+    return value
+
+
+def fingerprint(problem, method_obj, seed_record) -> dict:
+    """What a resumed run must share with the run that wrote its checkpoint."""
+    digest = hashlib.sha256()
+    data = problem.data if isinstance(problem.data, dict) else {"X": problem.data[0], "y": problem.data[1]}
+    for name in sorted(data):
+        array = np.ascontiguousarray(np.asarray(data[name]))
+        digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
+        digest.update(array.tobytes())
+    digest.update(json.dumps(_jsonable(problem.spec.static_kwargs)).encode())
+    return _jsonable({
+        "method": method_obj.name,
+        "options": method_obj.as_dict(),
+        "seed": seed_record,
+        "model": model_record(problem.model),
+        "data_sha256": digest.hexdigest(),
+        "temperature": float(problem.temperature),
+        "tempering": problem.tempering,
+    })
+
+
+def _collect(posterior, resume_state, fingerprint, status):
+    arrays, diagnostics = {}, None
+    meta = {
+        "status": status or "complete",
+        "fingerprint": fingerprint,
+        "has_posterior": posterior is not None,
+        "resume": None,
+    }
+    if resume_state is not None:
+        meta["resume"] = {"kind": resume_state.kind, "progress": resume_state.progress, "num_leaves": len(resume_state.leaves)}
+        for i, leaf in enumerate(resume_state.leaves):
+            arrays[f"state/{i}"] = np.asarray(leaf)
+        for key, value in resume_state.arrays.items():
+            arrays[f"resume/{key}"] = np.asarray(value)
+    if posterior is None:
+        return meta, arrays, None
     problem = posterior.problem
-    scalars, arrays = {}, {"flat_draws": np.asarray(posterior.flat_draws)}
+    scalars = {}
     for key, value in posterior.info.items():
-        if isinstance(value, (np.ndarray,)) or hasattr(value, "__array__") and not np.isscalar(value):
+        if isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not np.isscalar(value)):
             arrays[f"info/{key}"] = np.asarray(value)
         else:
             scalars[key] = _jsonable(value)
+    arrays["flat_draws"] = np.asarray(posterior.flat_draws)
     if problem.is_declarative:
         arrays["data/X"], arrays["data/y"] = (np.asarray(a) for a in problem.data)
     else:
         for key, value in problem.data.items():
             arrays[f"data/{key}"] = np.asarray(value)
+        # A plain program's draws are saved constrained too: a detached load cannot constrain them.
+        for name, value in posterior.draws.items():
+            arrays[f"draws/{name}"] = np.asarray(value)
     family = posterior.approximation
     if family is not None:
         for key, value in family.arrays().items():
             arrays[f"approximation/{key}"] = np.asarray(value)
-    meta = {
-        "format_version": FORMAT_VERSION,
+    meta.update({
         "method": posterior.method,
-        "options": {k: _jsonable(v) for k, v in posterior.options.items()},
+        "options": posterior.options,
         "seed": posterior.seed,
         "wall_time_s": posterior.wall_time_s,
         "info": scalars,
-        "model": _model_record(problem.model),
-        "static_kwargs": [[k, _jsonable(v), isinstance(v, tuple)] for k, v in problem.spec.static_kwargs],
+        "model": model_record(problem.model),
+        "static_kwargs": [[k, v, isinstance(v, tuple)] for k, v in problem.spec.static_kwargs],
         "temperature": float(problem.temperature),
         "tempering": problem.tempering,
         "approximation": None if family is None else family.kind,
-    }
-    write_atomic(path / "arrays.npz", lambda f: np.savez(f, **arrays))
-    write_atomic(path / "posterior.json", lambda f: f.write(json.dumps(meta, indent=2).encode()))
+        "sites": [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites],
+        "num_chains": posterior.num_chains,
+        "num_draws": posterior.num_draws,
+    })
+    if status != "checkpoint":
+        try:
+            diagnostics = posterior.diagnostics().to_dict()
+        except Exception as error:  # never lose a fitted result because a diagnostic failed
+            meta["diagnostics_error"] = f"{type(error).__name__}: {error}"
+    return meta, arrays, diagnostics
 
 
-def _load_model(record: dict):
-    if record["kind"] == "declarative":
-        from ppl.models import from_config
+# -- reading --------------------------------------------------------------------------------------
+class _Schema:
+    """Checks JSON values read from a run folder, with errors naming the file and the field."""
 
-        return from_config(record)
+    def __init__(self, folder: Path, filename: str):
+        self.where = f"{folder}/{filename}"
+
+    def fail(self, field: str, wanted: str, value) -> RunError:
+        shown = repr(value)
+        shown = shown if len(shown) < 80 else shown[:77] + "..."
+        return RunError(f"{self.where}: field {field!r} must be {wanted}, got {shown} — the file was edited or corrupted")
+
+    def get(self, obj: dict, field: str, kinds, wanted: str, *, optional: bool = False):
+        if field not in obj:
+            if optional:
+                return None
+            raise RunError(f"{self.where}: field {field!r} is missing — the file was edited or corrupted")
+        value = obj[field]
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) and bool not in (kinds if isinstance(kinds, tuple) else (kinds,)):
+            raise self.fail(field, wanted, value)
+        if not isinstance(value, kinds):
+            raise self.fail(field, wanted, value)
+        return value
+
+    def scalar_tree(self, field: str, value, depth: int = 0):
+        """A JSON value made only of scalars, lists and string-keyed dicts (no deeper than 6)."""
+        if depth > 6:
+            raise self.fail(field, "a shallow JSON value", "…")
+        if isinstance(value, dict):
+            return {str(k): self.scalar_tree(field, v, depth + 1) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.scalar_tree(field, v, depth + 1) for v in value]
+        if isinstance(value, (str, int, float, bool)) or value is None:
+            return value
+        raise self.fail(field, "JSON scalars and lists", value)
+
+
+def _read_json(folder: Path, name: str):
+    path = folder / name
+    if not path.is_file():
+        raise RunError(f"{folder}: {name} is missing — the run folder is incomplete")
+    if path.stat().st_size > MAX_JSON_BYTES:
+        raise RunError(f"{path}: {path.stat().st_size} bytes is too large for a run's {name}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RunError(f"{path}: not valid JSON ({error}) — the file was truncated or edited") from None
+
+
+def _check_manifest(folder: Path) -> dict:
+    if not folder.is_dir():
+        leftovers = sorted(folder.parent.glob(f".{folder.name}.old-*")) if folder.parent.is_dir() else []
+        if leftovers:
+            raise RunError(
+                f"{folder} is missing, but a save over it was cut short: the previous run is intact at {leftovers[-1]}; "
+                f"rename it back to {folder.name}"
+            )
+        raise RunError(f"{folder} is not a folder; a saved run is a folder written by Posterior.save or ppl fit")
+    if not (folder / MANIFEST).is_file():
+        if (folder / META).is_file():
+            raise RunError(
+                f"{folder}: {MANIFEST} is missing — the run was written by an older ppl (format 1), or its save "
+                "was interrupted before it was committed; re-fit it with this version"
+            )
+        raise RunError(f"{folder} is not a saved ppl run (no {MANIFEST}); save one with post.save(path)")
+    manifest = _read_json(folder, MANIFEST)
+    schema = _Schema(folder, MANIFEST)
+    if not isinstance(manifest, dict):
+        raise schema.fail("(top level)", "an object", manifest)
+    if manifest.get("format") != FORMAT:
+        raise schema.fail("format", repr(FORMAT), manifest.get("format"))
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise RunError(
+            f"{folder}/{MANIFEST}: run format version {version!r}, but this ppl reads version {FORMAT_VERSION}; "
+            "load it with the ppl version that wrote it, or re-fit"
+        )
+    files = schema.get(manifest, "files", dict, "an object of file records")
+    for required in (META, ARRAYS):
+        if required not in files:
+            raise RunError(f"{folder}/{MANIFEST}: does not list {required} — the folder is not a complete run")
+    for name, record in files.items():
+        if not isinstance(name, str) or "/" in name or name.startswith("."):
+            raise schema.fail("files", "plain file names", name)
+        if not isinstance(record, dict):
+            raise schema.fail(f"files.{name}", "an object", record)
+        size = schema.get(record, "bytes", int, "a byte count")
+        digest = schema.get(record, "sha256", str, "a hex digest")
+        path = folder / name
+        if not path.is_file():
+            raise RunError(f"{path} is missing — the run folder is incomplete")
+        if path.stat().st_size != size:
+            raise RunError(
+                f"{path}: {path.stat().st_size} bytes, but the manifest says {size} — the file was truncated or replaced"
+            )
+        if _sha256(path) != digest:
+            raise RunError(f"{path}: its checksum does not match the manifest — the file was edited or corrupted")
+    return manifest
+
+
+def _read_arrays(folder: Path) -> dict:
+    path = folder / ARRAYS
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {key: npz[key] for key in npz.files}
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as error:
+        raise RunError(f"{path}: cannot be read as saved arrays ({error}) — the file was truncated or edited") from None
+    for key, value in arrays.items():
+        if value.dtype.kind not in "biuf":
+            raise RunError(f"{path}: array {key!r} has dtype {value.dtype}, which a run never stores")
+    return arrays
+
+
+def read_run_meta(path) -> tuple[dict, dict | None, dict]:
+    """(checked posterior.json, diagnostics record or None, manifest) of a run folder; imports nothing."""
+    folder = Path(path)
+    manifest = _check_manifest(folder)
+    meta = _read_json(folder, META)
+    schema = _Schema(folder, META)
+    if not isinstance(meta, dict):
+        raise schema.fail("(top level)", "an object", meta)
+    meta = _unjson(meta)
+    status = schema.get(meta, "status", str, "a status")
+    if status not in STATUSES:
+        raise schema.fail("status", f"one of {STATUSES}", status)
+    schema.get(meta, "has_posterior", bool, "true or false")
+    if meta.get("fingerprint") is not None:
+        schema.scalar_tree("fingerprint", schema.get(meta, "fingerprint", dict, "an object"))
+    resume = schema.get(meta, "resume", dict, "an object", optional=True)
+    if resume is not None:
+        kind = schema.get(resume, "kind", str, "a loop kind")
+        if kind not in ("optimize", "mcmc"):
+            raise schema.fail("resume.kind", "'optimize' or 'mcmc'", kind)
+        schema.scalar_tree("resume.progress", schema.get(resume, "progress", dict, "an object"))
+        leaves = schema.get(resume, "num_leaves", int, "a count")
+        if not 0 <= leaves <= 100_000:
+            raise schema.fail("resume.num_leaves", "a count", leaves)
+    if meta["has_posterior"]:
+        schema.get(meta, "method", str, "a method name")
+        schema.scalar_tree("options", schema.get(meta, "options", dict, "an object"))
+        seed = schema.get(meta, "seed", (int, list), "an int or a key", optional=True)
+        if isinstance(seed, list) and not (len(seed) == 2 and all(isinstance(v, int) for v in seed)):
+            raise schema.fail("seed", "an int or two ints", seed)
+        schema.get(meta, "wall_time_s", (int, float), "a number")
+        schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
+        model = schema.get(meta, "model", dict, "an object")
+        schema.scalar_tree("model", model)
+        if model.get("kind") not in ("declarative", "function"):
+            raise schema.fail("model.kind", "'declarative' or 'function'", model.get("kind"))
+        for item in schema.get(meta, "static_kwargs", list, "a list"):
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[2], bool)):
+                raise schema.fail("static_kwargs", "[name, value, was_tuple] triples", item)
+            schema.scalar_tree("static_kwargs", item[1])
+        temperature = schema.get(meta, "temperature", (int, float), "a positive number")
+        if not (math.isfinite(temperature) and temperature > 0):
+            raise schema.fail("temperature", "a positive finite number", temperature)
+        if schema.get(meta, "tempering", str, "a tempering mode") not in ("likelihood", "cold"):
+            raise schema.fail("tempering", "'likelihood' or 'cold'", meta["tempering"])
+        schema.get(meta, "approximation", str, "a family kind", optional=True)
+        sites = schema.get(meta, "sites", list, "a list of sites")
+        for site in sites:
+            if not (
+                isinstance(site, list) and len(site) == 3 and isinstance(site[0], str)
+                and all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in site[1:])
+            ):
+                raise schema.fail("sites", "[name, shape, unconstrained shape] triples", site)
+        for field in ("num_chains", "num_draws"):
+            if schema.get(meta, field, int, "a positive count") < 1:
+                raise schema.fail(field, "a positive count", meta[field])
+    diagnostics = None
+    if DIAGNOSTICS in manifest["files"]:
+        diagnostics = _read_json(folder, DIAGNOSTICS)
+        if not isinstance(diagnostics, dict):
+            raise _Schema(folder, DIAGNOSTICS).fail("(top level)", "an object", diagnostics)
+        diagnostics = _unjson(_Schema(folder, DIAGNOSTICS).scalar_tree("(record)", diagnostics))
+    return meta, diagnostics, manifest
+
+
+def _diagnostics_from(record: dict, folder: Path):
+    from dataclasses import fields
+
+    from ppl._results import Diagnostics
+
+    known = {f.name for f in fields(Diagnostics)}
+    unknown = sorted(set(record) - known)
+    if unknown or not {"method", "num_chains", "num_draws"} <= set(record):
+        raise RunError(f"{folder}/{DIAGNOSTICS}: unexpected or missing fields {unknown} — the file was edited")
+    for name in ("warnings",):
+        if not isinstance(record.get(name, []), list):
+            raise _Schema(folder, DIAGNOSTICS).fail(name, "a list", record[name])
+    if not isinstance(record.get("notes", {}), dict):
+        raise _Schema(folder, DIAGNOSTICS).fail("notes", "an object", record["notes"])
+    return Diagnostics(**record)
+
+
+def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:
+    if key not in arrays:
+        raise RunError(f"{folder}/{ARRAYS}: array {key!r} is missing — the file was edited or belongs to another run")
+    value = arrays[key]
+    if value.dtype.kind not in kinds:
+        raise RunError(f"{folder}/{ARRAYS}: array {key!r} has dtype {value.dtype}; expected {'float' if kinds == 'f' else kinds}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise RunError(f"{folder}/{ARRAYS}: array {key!r} has shape {list(value.shape)}; expected {list(shape)}")
+    return value
+
+
+def _resume_state(meta: dict, arrays: dict, folder: Path):
+    from ppl._checkpoint import ResumeState
+
+    record = meta.get("resume")
+    if record is None:
+        return None
+    leaves = [_check_array(folder, arrays, f"state/{i}", kinds="biuf") for i in range(record["num_leaves"])]
+    extra = {k[len("resume/"):]: v for k, v in arrays.items() if k.startswith("resume/")}
+    return ResumeState(record["kind"], record["progress"], leaves, extra)
+
+
+def _static_kwargs(meta: dict) -> dict:
+    return {k: tuple(v) if was_tuple and isinstance(v, list) else v for k, v, was_tuple in meta["static_kwargs"]}
+
+
+def _import_program(record: dict, folder: Path):
     try:
         obj = importlib.import_module(record["module"])
         for part in record["qualname"].split("."):
             obj = getattr(obj, part)
-        return obj
-    except (ImportError, AttributeError, TypeError) as error:
-        raise ValueError(
-            f"this run was fitted with the NumPyro function {record['module']}.{record['qualname']}, which cannot "
-            f"be imported now ({error}); make it importable to load the run"
+    except (ImportError, AttributeError, TypeError, ValueError) as error:
+        raise RunError(
+            f"{folder}: the run's program {record.get('module')}.{record.get('qualname')} cannot be imported "
+            f"({error}); pass it instead: ppl.load(path, model=fn)"
         ) from None
+    if not callable(obj):
+        raise RunError(f"{folder}: {record['module']}.{record['qualname']} is not callable")
+    return obj
 
 
-def load(path):
-    """Load a run written by ``Posterior.save``; the result predicts and diagnoses like the original."""
+def load_run(path, *, model=None, trust: bool = False):
+    """(Posterior or None, ResumeState or None, meta) of a run folder. See :func:`load`."""
     from ppl._posterior import Posterior
     from ppl._problem import compile_problem
 
-    path = Path(path)
-    meta_file = path / "posterior.json"
-    if not meta_file.is_file():
-        raise FileNotFoundError(f"{path} is not a saved ppl run (no posterior.json); save one with post.save(path)")
-    meta = json.loads(meta_file.read_text())
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: run format {meta.get('format_version')} is not {FORMAT_VERSION}")
-    with np.load(path / "arrays.npz") as npz:
-        arrays = {key: npz[key] for key in npz.files}
-    model = _load_model(meta["model"])
-    if meta["model"]["kind"] == "declarative":
-        data = (arrays["data/X"], arrays["data/y"])
+    folder = Path(path)
+    meta, diagnostics, _ = read_run_meta(folder)
+    arrays = _read_arrays(folder)
+    resume = _resume_state(meta, arrays, folder)
+    if not meta["has_posterior"]:
+        return None, resume, meta
+    record = meta["model"]
+    sites = meta["sites"]
+    num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in sites)
+    flat = _check_array(folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
+    if record["kind"] == "declarative":
+        if model is not None:
+            raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
+        from ppl.models import from_config
+
+        try:
+            model = from_config(record)
+        except (ValueError, TypeError, KeyError) as error:
+            raise RunError(f"{folder}/{META}: the model configuration is invalid ({error})") from None
+        data = (_check_array(folder, arrays, "data/X"), _check_array(folder, arrays, "data/y", kinds="biuf"))
     else:
         data = {k[len("data/"):]: v for k, v in arrays.items() if k.startswith("data/")}
-        data.update({k: tuple(v) if was_tuple else v for k, v, was_tuple in meta["static_kwargs"]})
-    problem = compile_problem(model, data, temperature=meta["temperature"], tempering=meta["tempering"])
+        if model is None and trust:
+            model = _import_program(record, folder)
+        if model is None:
+            draws = {}
+            for name, shape, _ in sites:
+                draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
+            return Posterior.detached(
+                method=meta["method"], draws=draws, info=_info(meta, arrays), options=meta["options"],
+                seed=meta["seed"], wall_time_s=meta["wall_time_s"],
+                diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
+                program=f"{record['module']}.{record['qualname']}", folder=str(folder),
+                sampler=meta["approximation"] is None,
+            ), resume, meta
+        if not callable(model):
+            raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
+        data.update(_static_kwargs(meta))
+    try:
+        problem = compile_problem(model, data, temperature=meta["temperature"], tempering=meta["tempering"])
+    except (ValueError, TypeError) as error:
+        raise RunError(f"{folder}: the saved data do not fit the model ({error})") from None
+    layout = [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites]
+    if layout != sites:
+        raise RunError(
+            f"{folder}: the program's latent sites {[s[0] for s in layout]} (shapes {[s[1] for s in layout]}) differ from "
+            f"the saved run's {[s[0] for s in sites]} (shapes {[s[1] for s in sites]}); pass the program it was fitted with"
+        )
     family = None
     if meta["approximation"] is not None:
         from ppl.inference._gaussian import from_arrays
 
-        family = from_arrays(
-            meta["approximation"],
-            {k[len("approximation/"):]: v for k, v in arrays.items() if k.startswith("approximation/")},
-        )
-    info = dict(meta["info"])
-    info.update({k[len("info/"):]: v for k, v in arrays.items() if k.startswith("info/")})
-    return Posterior(
-        method=meta["method"],
-        problem=problem,
-        flat_draws=arrays["flat_draws"],
-        info=info,
-        options=meta["options"],
-        seed=meta["seed"],
-        approximation=family,
+        parts = {k[len("approximation/"):]: v for k, v in arrays.items() if k.startswith("approximation/")}
+        try:
+            family = from_arrays(meta["approximation"], parts, dim=num_params)
+        except (ValueError, TypeError, KeyError) as error:
+            raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
+    posterior = Posterior(
+        method=meta["method"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
+        info=_info(meta, arrays), options=meta["options"], seed=meta["seed"], approximation=family,
         wall_time_s=meta["wall_time_s"],
     )
+    posterior.resume_state = resume
+    posterior.fingerprint = meta.get("fingerprint")
+    if diagnostics is not None:
+        posterior._cache["diagnostics"] = _diagnostics_from(diagnostics, folder)
+    return posterior, resume, meta
+
+
+def _info(meta: dict, arrays: dict) -> dict:
+    info = dict(meta["info"])
+    info.update({k[len("info/"):]: v for k, v in arrays.items() if k.startswith("info/")})
+    return info
+
+
+def load(path, *, model=None, trust: bool = False):
+    """Load a run written by ``Posterior.save`` or ``ppl fit``; it predicts and diagnoses like the original.
+
+    Nothing named in the folder is imported or called. A run of a declarative model loads complete.
+    A run of a plain NumPyro program loads *detached* — draws, diagnostics and metadata — unless
+    the program is passed back (``model=fn``, checked against the saved site layout) or
+    ``trust=True`` asks to import it by the recorded name (only for folders you wrote yourself).
+    Any corrupt, truncated, edited or partial folder raises one :class:`ppl.RunError` naming the file.
+    """
+    posterior, resume, meta = load_run(path, model=model, trust=trust)
+    if posterior is None:
+        progress = (meta.get("resume") or {}).get("progress")
+        raise RunError(
+            f"{path}: this folder holds a checkpoint with no draws yet (progress {progress}); continue it with "
+            "ppl.fit(..., resume=path) or `ppl fit --resume DIR`"
+        )
+    return posterior

@@ -25,6 +25,12 @@ def as_key(seed) -> jax.Array:
     if isinstance(seed, (bool, np.bool_)):
         raise OptionError(f"seed must be an int or a JAX PRNG key, got {seed!r}")
     if isinstance(seed, (int, np.integer)):
+        if not 0 <= int(seed) < 2**32:
+            # JAX in its default 32-bit mode keeps only the low 32 bits: larger seeds would collide.
+            raise OptionError(
+                f"seed must be an integer in [0, 2**32), got {seed!r}; for more streams pass a JAX key "
+                "(jax.random.key(n)) or derive seeds with jax.random.fold_in"
+            )
         return jax.random.PRNGKey(int(seed))
     if isinstance(seed, jax.Array):
         if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
@@ -77,6 +83,35 @@ def _linearized_variance(problem, mean, sqrt_cov, X):
     return f_mean, jnp.sum(jnp.square(columns), axis=0)
 
 
+PREDICT_CHUNK_BYTES = 256 * 2**20  # device memory one chunk of inputs may take for its outputs
+
+
+def _check_prediction_size(num_draws: int, num_inputs: int, outputs: int) -> None:
+    from ppl.inference._base import MEMORY_BUDGET_BYTES
+    from ppl._errors import MemoryBudgetError
+
+    size = num_draws * num_inputs * outputs * 8
+    if size > MEMORY_BUDGET_BYTES:
+        raise MemoryBudgetError(
+            f"predict: {num_draws} draws × {num_inputs} inputs × {outputs} outputs need {size / 2**30:.1f} GiB "
+            f"(limit {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); pass num_samples= fewer draws, predict on batches of X, "
+            "or use mode='probit' (no per-draw outputs)"
+        )
+
+
+def _by_rows(compute, X, per_row: int, axes: tuple):
+    """``compute(X)`` (a tuple of outputs) over chunks of rows of X, sized so that each chunk's
+    outputs (``per_row`` numbers a row) stay under ``PREDICT_CHUNK_BYTES``. Output ``i`` is joined
+    along ``axes[i]``, its row axis; ``None`` marks an output without one (taken from the first chunk)."""
+    rows = max(1, PREDICT_CHUNK_BYTES // max(1, per_row * 8))
+    if X.shape[0] <= rows:
+        return compute(X)
+    parts = [jax.device_get(compute(X[i : i + rows])) for i in range(0, X.shape[0], rows)]
+    return tuple(
+        parts[0][i] if axis is None else np.concatenate([p[i] for p in parts], axis=axis) for i, axis in enumerate(axes)
+    )
+
+
 class Posterior:
     """The result of ``ppl.fit``: draws, the approximation (if it has one), and everything to
     diagnose, predict, export and save.
@@ -117,6 +152,11 @@ class Posterior:
         self.seed = seed
         self.approximation = approximation
         self.wall_time_s = float(wall_time_s)
+        # Set for partial runs (interrupted, checkpoints): what ppl.fit(..., resume=...) continues from.
+        self.resume_state = None
+        # What a resumed run must share with this one (set by ppl.fit; None for hand-built results).
+        self.fingerprint = None
+        self.program = None  # a detached run's program name (see Posterior.detached)
         constrained = _over_draws(problem, self._flat(), "constrain")
         self.draws = {
             name: np.asarray(value).reshape(self.num_chains, self.num_draws, *value.shape[1:])
@@ -124,9 +164,49 @@ class Posterior:
         }
         self._cache: dict = {}
 
+    @classmethod
+    def detached(cls, *, method, draws, info, options, seed, wall_time_s, diagnostics, program, folder, sampler):
+        """A loaded run of a plain NumPyro program whose program was not passed back.
+
+        It holds the constrained draws, the saved diagnostics and the metadata. Everything that
+        must run the model (prediction, densities, fresh draws, LOO, export) raises an error that
+        says how to re-attach the program: ``ppl.load(path, model=fn)``.
+        """
+        self = cls.__new__(cls)
+        self.method, self.problem, self.flat_draws, self.approximation = method, None, None, None
+        self.draws = {k: np.asarray(v) for k, v in draws.items()}
+        first = next(iter(self.draws.values()))
+        self.num_chains, self.num_draws = int(first.shape[0]), int(first.shape[1])
+        self.info, self.options, self.seed = dict(info), dict(options), seed
+        self.wall_time_s = float(wall_time_s)
+        self.resume_state = self.fingerprint = None
+        self.program, self._folder = program, folder
+        # Stored draws of a sampler can be resampled without the model; draws from q cannot be made anew.
+        self._detached_sampler = bool(sampler)
+        self._cache = {} if diagnostics is None else {"diagnostics": diagnostics}
+        return self
+
+    @property
+    def is_detached(self) -> bool:
+        return self.problem is None
+
+    def _attached(self, what: str) -> None:
+        if self.problem is None:
+            from ppl._errors import RunError
+
+            raise RunError(
+                f"{what} needs the model, and this run of the plain NumPyro program {self.program} was loaded "
+                f"without it (loading never imports code named in a run folder): "
+                f"ppl.load({self._folder!r}, model={self.program.rsplit('.', 1)[-1]}) re-attaches it"
+            )
+
     def __repr__(self) -> str:
         shapes = ", ".join(f"{k}{tuple(v.shape[2:])}" for k, v in self.draws.items())
-        return f"Posterior(method={self.method!r}, chains={self.num_chains}, draws={self.num_draws}, sites=[{shapes}])"
+        detached = f", detached from {self.program}" if self.problem is None else ""
+        return (
+            f"Posterior(method={self.method!r}, chains={self.num_chains}, draws={self.num_draws}, "
+            f"sites=[{shapes}]{detached})"
+        )
 
     # -- draws -------------------------------------------------------------------------------------
     def _flat(self) -> jax.Array:
@@ -137,8 +217,9 @@ class Posterior:
         return self.approximation is not None and self.approximation.has_density
 
     def _flat_sample(self, n: int, key) -> jax.Array:
-        if not isinstance(n, (int, np.integer)) or n < 1:
+        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
             raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+        self._attached("sampling")
         if self.has_density:
             return self.approximation.sample(key, int(n))
         flat = self._flat()
@@ -149,11 +230,18 @@ class Posterior:
     def sample(self, n: int, *, seed) -> dict:
         """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
         resampled from the stored draws for samplers."""
+        if self.problem is None and self._detached_sampler:
+            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+            total = self.num_chains * self.num_draws
+            index = np.asarray(jax.random.choice(as_key(seed), total, (int(n),), replace=int(n) > total))
+            return {k: v.reshape(total, *v.shape[2:])[index] for k, v in self.draws.items()}
         constrained = _over_draws(self.problem, self._flat_sample(n, as_key(seed)), "constrain")
         return {k: np.asarray(v) for k, v in constrained.items()}
 
     def log_prob(self, draws: dict) -> np.ndarray:
         """log q(θ) of constrained draws (dict site -> (n, *shape)) under the fitted approximation."""
+        self._attached("log_prob")
         if not self.has_density:
             raise TypeError(
                 f"method {self.method!r} has no density q(θ) (it is a sampler or a point estimate); "
@@ -171,6 +259,7 @@ class Posterior:
     def pointwise_log_likelihood(self) -> np.ndarray | None:
         """log p(y_i | θ_s) for the stored draws and training data, shape (chain, draw, N); None when
         the model has no per-datum observations (``problem.spec.no_pointwise_reason`` says why)."""
+        self._attached("the pointwise log likelihood")
         if self.problem.spec.no_pointwise_reason is not None:
             return None
         if "loglik" not in self._cache:
@@ -221,6 +310,7 @@ class Posterior:
         """
         if mode not in PREDICT_MODES:
             raise OptionError(f"mode={mode!r} is not one of {PREDICT_MODES}")
+        self._attached("predict")
         if not self.problem.is_declarative:
             raise TypeError(
                 "predict needs a declarative model from ppl.models; for a plain NumPyro function use "
@@ -237,21 +327,33 @@ class Posterior:
                 f"mode={mode!r} needs a Gaussian posterior over weights (exact, svi with a Gaussian guide); "
                 f"{self.method!r} has none — use mode='mc'"
             )
-        flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
         task = "regression" if self.problem.likelihood == "gaussian" else "classification"
+        outputs = self.problem.model.output_dim() if task == "classification" else 1
+        draws = self.num_chains * self.num_draws if num_samples is None else num_samples
+        if mode != "probit":
+            # The per-draw outputs (S, N, C) in float64 are the result; refuse before computing them.
+            _check_prediction_size(int(draws), X.shape[0], max(outputs, 2 if task == "classification" else 1))
+        flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
         if mode == "probit":
             if task != "classification":
                 raise OptionError("mode='probit' applies to classification; use 'linearized' for regression")
-            f_mean, f_var = _linearized_variance(
-                self.problem, self.approximation.mean, self.approximation.covariance_sqrt(), X
+            sqrt_cov = self.approximation.covariance_sqrt()
+            f_mean, f_var = _by_rows(
+                lambda rows: _linearized_variance(self.problem, self.approximation.mean, sqrt_cov, rows),
+                X, sqrt_cov.shape[1] * outputs, axes=(0, 0),
             )
             probs = np.asarray(_class_probs(self.problem.likelihood, f_mean / jnp.sqrt(1.0 + math.pi * f_var / 8.0)))
             # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
             return Prediction(task="classification", probs=probs, entropy=_entropy(probs.astype(np.float64)))
         if mode == "linearized":
-            f, noise = _linearized_many(self.problem, self.approximation.mean, flat, X)
+            f, noise = _by_rows(
+                lambda rows: _linearized_many(self.problem, self.approximation.mean, flat, rows), X,
+                flat.shape[0] * outputs, axes=(1, None),
+            )
         else:
-            f, noise = _outputs_many(self.problem, flat, X)
+            f, noise = _by_rows(
+                lambda rows: _outputs_many(self.problem, flat, rows), X, flat.shape[0] * outputs, axes=(1, None)
+            )
         if task == "regression":
             return _regression(np.asarray(f), np.asarray(noise))
         return _classification(np.asarray(_class_probs(self.problem.likelihood, f)))
@@ -260,6 +362,7 @@ class Posterior:
     def diagnostics(self):
         """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""
         if "diagnostics" not in self._cache:
+            self._attached("computing diagnostics")
             from ppl.diagnostics import compute_diagnostics
 
             self._cache["diagnostics"] = compute_diagnostics(self)
@@ -267,12 +370,15 @@ class Posterior:
 
     def to_arviz(self):
         """``arviz.InferenceData`` with posterior, sample_stats, log_likelihood, observed_data."""
+        self._attached("to_arviz")
         from ppl.diagnostics import to_inference_data
 
         return to_inference_data(self)
 
     def save(self, path) -> None:
-        """Write the run to directory ``path`` (atomically, file by file); ``ppl.load`` reads it."""
+        """Write the run to folder ``path`` as one unit (staged beside it, then renamed into place);
+        ``ppl.load`` reads it. An existing run there is replaced; any other folder is refused."""
+        self._attached("save")
         from ppl._io import save_posterior
 
         save_posterior(self, path)

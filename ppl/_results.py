@@ -9,7 +9,7 @@ import numpy as np
 
 __all__ = ["Prediction", "Diagnostics", "THRESHOLDS"]
 
-THRESHOLDS = {"rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7}
+THRESHOLDS = {"rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3}
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,7 @@ class Diagnostics:
     ess_tail_min: float | None = None
     divergences: int | None = None
     tree_depth_hits: int | None = None
+    ebfmi_min: float | None = None
     khat: float | None = None
     khat_threshold: float | None = None
     loo_khat_max: float | None = None

@@ -12,7 +12,7 @@ import sys
 import typing
 from pathlib import Path
 
-from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError
+from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 MODELS = ("linear", "logistic", "bnn")
 
@@ -25,17 +25,26 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppl", description="Bayesian inference for neural-network weights.")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit a model, print diagnostics and test metrics, save the run")
-    fit.add_argument("--model", choices=MODELS, required=True)
-    fit.add_argument("--data", required=True, help="a dataset name (see `ppl datasets`) or a .csv/.npz file")
+    fit.add_argument("--model", choices=MODELS, help="required unless --resume")
+    fit.add_argument("--data", help="a dataset name (see `ppl datasets`) or a .csv/.npz file; required unless --resume")
     fit.add_argument("--target", help="target column of a CSV file (default: the last column)")
-    fit.add_argument("--method", default="nuts", help="a method name (see `ppl methods`)")
-    fit.add_argument("--seed", type=_seed, default=0)
+    fit.add_argument("--method", help="a method name (see `ppl methods`; default nuts)")
+    fit.add_argument("--seed", type=_seed, help="default 0")
     fit.add_argument(
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a model option (e.g. hidden=32,32) or method option (e.g. num_samples=500); repeatable",
     )
     fit.add_argument("--out", help="run directory (default: runs/<data>-<model>-<method>-seed<N>)")
     fit.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    fit.add_argument(
+        "--checkpoint-every", type=_positive, metavar="N",
+        help="write a resumable checkpoint to the output folder every N steps (optimiser steps or MCMC steps)",
+    )
+    fit.add_argument(
+        "--resume", metavar="DIR",
+        help="continue the interrupted or checkpointed run in DIR (its model, data, method and options are reused; "
+        "any you give must match)",
+    )
     show = sub.add_parser("show", help="print a saved run")
     show.add_argument("path")
     sub.add_parser("datasets", help="list the bundled datasets")
@@ -45,8 +54,15 @@ def _parser() -> argparse.ArgumentParser:
 
 def _seed(text: str) -> int:
     value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"seed must be a non-negative integer, got {value}")
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"seed must be an integer in [0, 2**32), got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
     return value
 
 
@@ -109,11 +125,49 @@ def _build_model(args, data, model_opts):
         raise UsageError(f"model options: {error}") from None
 
 
+INVOCATION = "invocation.json"
+
+
+def _invocation(args) -> dict:
+    return {
+        "model": args.model, "data": args.data, "target": args.target, "method": args.method,
+        "seed": args.seed, "set": list(args.set),
+    }
+
+
+def _apply_resume(args) -> None:
+    """Fill the fit's arguments from the run being resumed; refuse any given one that differs."""
+    from ppl._io import _read_json, read_run_meta
+
+    folder = Path(args.resume)
+    read_run_meta(folder)  # the manifest and checksums, before anything is trusted
+    saved = _read_json(folder, INVOCATION) if (folder / INVOCATION).is_file() else None
+    if not isinstance(saved, dict) or set(saved) != set(_invocation(args)):
+        raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
+    differences = []
+    for key, value in saved.items():
+        given = getattr(args, key)
+        if given in (None, []):
+            setattr(args, key, value)
+        elif given != value:
+            differences.append(f"--{key}: the run used {value!r}, now {given!r}")
+    if differences:
+        raise ResumeError(f"{folder} was fitted differently — " + "; ".join(differences) + " — drop or match them")
+    if args.out is None:
+        args.out = str(folder)
+
+
 def _fit(args) -> int:
     import ppl
-    from ppl import _progress
+    from ppl import _io, _progress
     from ppl.inference import registry
 
+    if args.resume:
+        _apply_resume(args)
+    if args.model is None or args.data is None:
+        raise UsageError("ppl fit needs --model and --data (or --resume DIR to continue a run)")
+    args.method = args.method or "nuts"
+    args.seed = 0 if args.seed is None else args.seed
     method_cls = registry.get(args.method)
     model_opts, method_opts = _split_settings(args.set, _model_class(args.model), method_cls)
     data = _load_data(args)
@@ -121,18 +175,37 @@ def _fit(args) -> int:
     out = Path(args.out or f"runs/{data.name}-{args.model}-{args.method}-seed{args.seed}")
     _check_out(out)
     _progress.enable(not args.no_progress)
-    posterior = ppl.fit(model, data.train, method=args.method, seed=args.seed, **method_opts)
-    diagnostics = posterior.diagnostics()
-    metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
-    posterior.save(out)
-    from ppl._io import write_atomic
-
-    record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": _jsonable(diagnostics.to_dict())}
-    write_atomic(out / "summary.json", lambda f: f.write(json.dumps(record, indent=2).encode()))
+    invocation = _invocation(args)
+    with _io.run_lock(out):
+        if args.resume is None and (out / "manifest.json").is_file():
+            _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
+        target = _io.RunTarget(out, {INVOCATION: invocation})
+        try:
+            posterior = ppl.fit(
+                model, data.train, method=args.method, seed=args.seed,
+                checkpoint=target if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
+                resume=args.resume, **method_opts,
+            )
+        except ppl.Interrupted as stop:
+            _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
+                         status="interrupted", extra_files={INVOCATION: invocation})
+            print(f"interrupted before the first draw; the state is saved in {out} — continue with: ppl fit --resume {out}",
+                  file=sys.stderr)
+            return 130
+        except NonFiniteError as error:
+            if error.partial is not None:
+                _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
+                print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
+            raise
+        diagnostics = posterior.diagnostics()
+        metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+        record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
+        _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record})
     _print_run(record, diagnostics)
     print(f"saved to {out}")
     if posterior.info.get("interrupted"):
-        print("interrupted: the saved run is partial (see the warning above)", file=sys.stderr)
+        print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
+              file=sys.stderr)
         return 130
     return 0
 
@@ -141,28 +214,17 @@ def _check_out(out: Path) -> None:
     """Refuse an output path that could not be written, before anything is fitted."""
     import os
 
-    if out.exists():
-        if not out.is_dir():
-            raise UsageError(f"--out {out} is an existing file, not a directory; choose another path")
-        if any(out.iterdir()) and not (out / "posterior.json").is_file():
-            raise UsageError(f"--out {out} exists and is not a ppl run directory; choose another")
+    from ppl._io import check_writable_run
+
+    try:
+        check_writable_run(out)
+    except RunError as error:
+        raise UsageError(f"--out {error}") from None
     parent = out
     while not parent.exists():
         parent = parent.parent
     if not parent.is_dir() or not os.access(parent, os.W_OK):
         raise UsageError(f"--out {out}: {parent} is not a writable directory")
-
-
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {k: _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, float) and obj != obj:
-        return None
-    if isinstance(obj, float) and obj in (float("inf"), float("-inf")):
-        return str(obj)
-    return obj
 
 
 def _print_run(record: dict, diagnostics) -> None:
@@ -175,24 +237,39 @@ def _print_run(record: dict, diagnostics) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
-        table.add_row(key, f"{value:.4f}")
+        shown = f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        table.add_row(str(key), shown)
     console.print(table)
 
 
 def _show(args) -> int:
-    import ppl
+    """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
+    from ppl._io import _read_json, _diagnostics_from, read_run_meta
 
     path = Path(args.path)
-    if not (path / "posterior.json").is_file():
-        raise UsageError(f"{path} is not a saved ppl run (no posterior.json)")
-    posterior = ppl.load(path)
-    summary = json.loads((path / "summary.json").read_text()) if (path / "summary.json").is_file() else None
-    print(repr(posterior))
-    print(f"options: {posterior.options}")
-    if summary:
-        _print_run(summary, posterior.diagnostics())
+    meta, diagnostics, manifest = read_run_meta(path)
+    status = meta["status"]
+    if not meta["has_posterior"]:
+        progress = (meta.get("resume") or {}).get("progress")
+        print(f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}")
+        return 0
+    model = meta["model"]
+    described = model.get("class") if model["kind"] == "declarative" else f"program {model['module']}.{model['qualname']}"
+    sites = ", ".join(f"{name}{tuple(shape)}" for name, shape, _ in meta["sites"])
+    print(f"{path}: {meta['method']} on {described} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, "
+          f"status {status}")
+    print(f"sites: {sites}")
+    print(f"options: {meta['options']}")
+    if meta.get("resume"):
+        print(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
+    summary = _read_json(path, "summary.json") if "summary.json" in manifest["files"] else None
+    record = None if diagnostics is None else _diagnostics_from(diagnostics, path)
+    if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) and record is not None:
+        _print_run(summary, record)
+    elif record is not None:
+        print(record)
     else:
-        print(posterior.diagnostics())
+        print(f"no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint'})")
     return 0
 
 
@@ -219,7 +296,7 @@ def main(argv=None) -> int:
     handlers = {"fit": _fit, "show": _show, "datasets": _datasets, "methods": _methods}
     try:
         return handlers[args.command](args)
-    except (UsageError, DataError, OptionError, MemoryBudgetError) as error:
+    except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
         print(f"ppl {args.command}: error: {error}", file=sys.stderr)
         return 2
     except NonFiniteError as error:

@@ -1,0 +1,64 @@
+"""How long Ctrl-C takes to stop a run, by method, on the issue's own case (digits, a BNN).
+
+For each method, starts ``ppl.fit`` in this process, sends SIGINT to it after a delay long enough
+to be past compilation, and reports the time from the signal to ``ppl.fit`` returning its partial
+result, next to the median chunk time measured from the progress reports. Run:
+
+    python bench/interrupt_latency.py
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+
+import ppl
+from ppl import _progress
+from ppl.models import BNN
+
+CASES = [
+    ("nuts", dict(num_samples=20000, num_chains=1)),
+    ("hmc", dict(num_samples=20000, num_chains=1)),
+    ("svi", dict(steps=200000)),
+    ("map", dict(steps=200000, batch_size=64)),
+]
+
+
+def main() -> None:
+    data = ppl.datasets.load("digits", seed=0)
+    model = BNN(hidden=(32,), activation="tanh", likelihood="categorical")
+    print(f"{'method':<6} {'signal→return (s)':>18} {'median chunk (s)':>17} {'steps done':>11}")
+    for method, options in CASES:
+        stamps = []
+        real = _progress.advance
+
+        def advance(steps, phase=0):
+            stamps.append(time.perf_counter())
+            real(steps, phase)
+
+        _progress.advance = advance
+        sent = {}
+
+        def press():
+            sent["at"] = time.perf_counter()
+            os.kill(os.getpid(), signal.SIGINT)
+
+        timer = threading.Timer(20.0, press)
+        timer.start()
+        try:
+            post = ppl.fit(model, data.train, method=method, seed=0, **options)
+        finally:
+            _progress.advance = real
+            timer.cancel()
+        returned = time.perf_counter()
+        gaps = np.diff(np.unique(np.round(stamps, 4)))
+        done = post.info.get("steps_done")
+        print(f"{method:<6} {returned - sent['at']:>18.2f} {np.median(gaps[len(gaps) // 2:]):>17.2f} {str(done):>11}")
+
+
+if __name__ == "__main__":
+    main()

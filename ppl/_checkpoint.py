@@ -1,0 +1,121 @@
+"""Checkpoints and resumption: what a method's chunk loop hands to disk and takes back.
+
+A long loop (optimisation steps, MCMC steps) carries a state pytree between compiled chunks. A
+:class:`ResumeState` is that state flattened to plain arrays, plus the loop's progress counters and
+the results gathered so far. It is saved inside a run folder (``ppl._io``) and read back without
+unpickling anything: the tree structure is rebuilt by the method itself from its own options, and
+each stored leaf must match the rebuilt structure's shape and dtype.
+
+A :class:`Session` is what ``ppl.fit`` gives a method besides the key and the Problem: how often to
+checkpoint, where the checkpoint goes, and the state to resume from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import jax
+import numpy as np
+
+from ppl._errors import ResumeError
+
+__all__ = ["ResumeState", "Session", "Interrupted", "restore_tree"]
+
+
+class ResumeState(NamedTuple):
+    """Everything a method needs to continue a run exactly where it stopped.
+
+    kind: the loop that wrote it (``"optimize"`` or ``"mcmc"``).
+    progress: JSON-able counters (steps done, per chain).
+    leaves: the carried state pytree's leaves (host arrays), in ``tree_flatten`` order.
+    arrays: results gathered so far (losses, draws, per-step statistics), name -> array.
+    """
+
+    kind: str
+    progress: dict
+    leaves: list
+    arrays: dict
+
+
+def restore_tree(template, leaves: list, what: str):
+    """``template``'s tree structure with ``leaves`` put back, after checking every leaf.
+
+    ``template`` is a pytree of arrays or ``jax.ShapeDtypeStruct`` built by the method from its own
+    options (never from the file), so a checkpoint can only fill in numbers, not choose structure.
+    """
+    expected, treedef = jax.tree_util.tree_flatten(template)
+    if len(expected) != len(leaves):
+        raise ResumeError(
+            f"the checkpoint's {what} has {len(leaves)} arrays but this run's has {len(expected)}: it was "
+            "written by another method, version or configuration; start afresh without resume"
+        )
+    restored = []
+    for i, (want, got) in enumerate(zip(expected, leaves)):
+        got = np.asarray(got)
+        if tuple(got.shape) != tuple(np.shape(want)) or got.dtype != np.dtype(want.dtype):
+            raise ResumeError(
+                f"the checkpoint's {what} array {i} is {got.dtype}{list(got.shape)} but this run needs "
+                f"{np.dtype(want.dtype)}{list(np.shape(want))} (another float precision, model size or option); "
+                "resume with the settings that wrote it, or start afresh"
+            )
+        restored.append(got)
+    return jax.tree_util.tree_unflatten(treedef, restored)
+
+
+@dataclass
+class Session:
+    """Checkpointing and resumption settings for one ``ppl.fit`` call.
+
+    ``checkpoint_every``: steps between checkpoints (None: never). ``write(posterior, state)`` persists
+    a partial result (``posterior`` may be None when nothing is sampled yet). ``resume``: the state
+    to continue from, or None.
+    """
+
+    checkpoint_every: int | None = None
+    write: Callable | None = None
+    resume: ResumeState | None = None
+    _last: int = field(default=0, repr=False)
+
+    def resume_state(self, kind: str) -> ResumeState | None:
+        if self.resume is None:
+            return None
+        if self.resume.kind != kind:
+            raise ResumeError(
+                f"the checkpoint holds a {self.resume.kind!r} loop's state but this method runs a {kind!r} loop"
+            )
+        return self.resume
+
+    def start_count(self, steps_done: int) -> None:
+        self._last = steps_done
+
+    def maybe_checkpoint(self, steps_done: int, build: Callable) -> None:
+        """Write a checkpoint when ``checkpoint_every`` steps passed since the last one.
+
+        ``build()`` returns ``(partial posterior or None, ResumeState)``; it is called only when due.
+        """
+        if self.checkpoint_every is None or self.write is None:
+            return
+        if steps_done - self._last >= self.checkpoint_every:
+            self._last = steps_done
+            posterior, state = build()
+            self.write(posterior, state)
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a run before it had a single draw or step to return.
+
+    Nothing is lost: ``resume_state`` holds the run's state, ``save(path)`` writes it as a
+    checkpoint folder, and ``ppl.fit(..., resume=path)`` (or ``ppl fit --resume DIR``) continues it.
+    Uncaught, it behaves as any Ctrl-C.
+    """
+
+    def __init__(self, message: str, resume_state: ResumeState):
+        super().__init__(message)
+        self.resume_state = resume_state
+        self.fingerprint = None
+
+    def save(self, path) -> None:
+        from ppl._io import save_run
+
+        save_run(path, None, resume_state=self.resume_state, fingerprint=self.fingerprint, status="interrupted")

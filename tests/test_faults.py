@@ -1,0 +1,585 @@
+"""The fault table: every fault injected, what the user sees, what is on disk afterwards.
+
+Each test injects one fault (a malicious or damaged run folder, Ctrl-C mid-chain or before the
+first chunk, a kill during save, two writers, a resume against other data or options, a diverging
+optimiser, an option that would hang or mislead) and asserts the promised outcome: a clear error or
+``ok=False`` with a warning, never a quiet wrong answer, and nothing lost.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+import numpyro.distributions as dist
+import pytest
+
+import ppl
+from ppl import _interrupt, _io, _progress
+from ppl.cli import main
+from ppl.models import BNN, LinearRegression
+
+FIXTURES = Path(__file__).parent / "fixtures"
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(FIXTURES))
+from make_malicious_run import MARKER, reseal  # noqa: E402
+
+
+def mean_program(values):
+    mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
+    with numpyro.plate("data", values.shape[0]):
+        numpyro.sample("obs", dist.Normal(mu, 1.0), obs=values)
+
+
+@pytest.fixture()
+def saved_run(tmp_path, linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=200, num_draws=50)
+    post.save(tmp_path / "run")
+    return tmp_path / "run", post
+
+
+# -- 1. loading never runs code the folder names ------------------------------------------------------
+def test_malicious_run_folder_loads_detached_and_runs_nothing(tmp_path, monkeypatch, capsys):
+    folder = tmp_path / "malicious_run"
+    shutil.copytree(FIXTURES / "malicious_run", folder)
+    monkeypatch.chdir(tmp_path)
+    before = set(sys.modules)
+    post = ppl.load(folder)
+    assert post.is_detached and post.program == "subprocess.run"
+    assert post.draws["mu"].shape == (2, 30)
+    assert post.diagnostics().method == "nuts"  # the saved record, not recomputed
+    with pytest.raises(ppl.RunError, match="model=run"):
+        post.predict(np.zeros((1, 1)), seed=0)
+    with pytest.raises(ppl.RunError, match="re-attaches"):
+        post.log_prob({"mu": np.zeros(3)})
+    assert post.sample(5, seed=0)["mu"].shape == (5,)  # stored draws of a sampler resample without the model
+    assert main(["show", str(folder)]) == 0
+    assert "program subprocess.run" in capsys.readouterr().out
+    assert not (tmp_path / MARKER).exists()
+    assert "subprocess" not in set(sys.modules) - before or "subprocess" in before
+    # Passing a program back runs it on the saved arguments, which here do not fit it: a clear error.
+    with pytest.raises(ppl.RunError, match="do not fit the model"):
+        ppl.load(folder, model=mean_program)
+    assert not (tmp_path / MARKER).exists()
+
+
+def test_a_program_with_another_layout_is_refused_on_reattach(tmp_path):
+    def two_sites(values):
+        a = numpyro.sample("a", dist.Normal(0.0, 1.0))
+        b = numpyro.sample("b", dist.Normal(0.0, 1.0))
+        with numpyro.plate("data", values.shape[0]):
+            numpyro.sample("obs", dist.Normal(a + b, 1.0), obs=values)
+
+    ppl.fit(mean_program, {"values": np.arange(3.0)}, method="map", seed=0).save(tmp_path / "r")
+    with pytest.raises(ppl.RunError, match="latent sites"):
+        ppl.load(tmp_path / "r", model=two_sites)
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("model", {"kind": "declarative", "class": "Popen", "fields": {}}, "unknown model class"),
+        ("model", {"kind": "declarative", "class": "BNN", "fields": {"prior": {"prior": "dataclass"}}}, "not a known prior"),
+        ("model", {"kind": "declarative", "class": "LinearRegression", "fields": {"__class__": 1}}, "no field"),
+        ("temperature", "hot", "temperature"),
+        ("sites", [["w", "3", [3]]], "sites"),
+        ("status", "pwned", "status"),
+        ("num_draws", -1, "num_draws"),
+    ],
+)
+def test_edited_metadata_with_resealed_checksums_fails_the_schema(saved_run, field, value, match):
+    folder, _ = saved_run
+    meta = json.loads((folder / "posterior.json").read_text())
+    meta[field] = value
+    (folder / "posterior.json").write_text(json.dumps(meta))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match=match):
+        ppl.load(folder)
+
+
+def test_pickled_arrays_are_refused(saved_run):
+    folder, _ = saved_run
+    np.savez(folder / "arrays.npz", flat_draws=np.array([object()], dtype=object))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match="arrays.npz"):
+        ppl.load(folder)
+
+
+# -- 3. a saved run is one unit; damage is one clear error ------------------------------------------
+@pytest.mark.parametrize(
+    "damage, match",
+    [
+        (lambda f: (f / "arrays.npz").write_bytes((f / "arrays.npz").read_bytes()[:100]), "arrays.npz.*truncated"),
+        (lambda f: (f / "posterior.json").write_text((f / "posterior.json").read_text().replace("svi", "map", 1)),
+         "posterior.json.*checksum"),
+        (lambda f: (f / "diagnostics.json").unlink(), "diagnostics.json is missing"),
+        (lambda f: (f / "manifest.json").unlink(), "manifest.json is missing"),
+        (lambda f: (f / "manifest.json").write_text("{not json"), "manifest.json: not valid JSON"),
+    ],
+)
+def test_damaged_run_is_one_clear_error_naming_the_file(saved_run, capsys, damage, match):
+    folder, _ = saved_run
+    damage(folder)
+    with pytest.raises(ppl.RunError, match=match):
+        ppl.load(folder)
+    assert main(["show", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" in err
+
+
+def test_format_version_mismatch_names_both_versions(saved_run):
+    folder, _ = saved_run
+    manifest = json.loads((folder / "manifest.json").read_text())
+    manifest["format_version"] = 99
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ppl.RunError, match="version 99.*reads version 2"):
+        ppl.load(folder)
+
+
+def test_save_replaces_a_run_whole_and_refuses_other_folders(tmp_path, saved_run, linear_model, linear_data):
+    folder, post = saved_run
+    (folder / "summary.json").write_text("{}")  # a stale file from another writer
+    other = ppl.fit(linear_model, linear_data.train, method="map", seed=1)
+    other.save(folder)
+    assert not (folder / "summary.json").exists()  # no stale file survives a replacement
+    assert ppl.load(folder).method == "map"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run.") and "lock" not in p.name) == []
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "mine.txt").write_text("keep me")
+    with pytest.raises(ppl.RunError, match="not a ppl run folder"):
+        post.save(notes)
+    assert (notes / "mine.txt").read_text() == "keep me" and len(list(notes.iterdir())) == 1
+
+
+def test_full_disk_during_save_keeps_the_old_run_and_the_result(tmp_path, saved_run, monkeypatch, linear_model, linear_data):
+    folder, post = saved_run
+    other = ppl.fit(linear_model, linear_data.train, method="map", seed=1)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(_io.np, "savez", no_space)
+    with pytest.raises(ppl.RunError, match="No space left.*still in memory"):
+        other.save(folder)
+    monkeypatch.undo()
+    assert ppl.load(folder).method == "svi"  # the old run is untouched
+    assert [p.name for p in tmp_path.iterdir() if ".new-" in p.name] == []  # no staging left behind
+    other.save(folder)  # the result survived in memory
+    assert ppl.load(folder).method == "map"
+
+
+KILL_SCRIPT = textwrap.dedent(
+    """
+    import sys, jax
+    jax.config.update("jax_enable_x64", True)
+    import numpy as np, ppl
+    from ppl.models import LinearRegression
+    data = ppl.datasets.load("linear", seed=0)
+    a = ppl.fit(LinearRegression(noise_scale=0.5), data.train, method="exact", seed=0, num_draws=20000)
+    b = ppl.fit(LinearRegression(noise_scale=0.5), data.train, method="exact", seed=1, num_draws=20000)
+    a.save(sys.argv[1])
+    b.diagnostics()
+    print("ready", flush=True)
+    while True:
+        for post in (a, b):
+            post.save(sys.argv[1])
+    """
+)
+
+
+def test_sigkill_during_save_leaves_the_old_or_the_new_run(tmp_path):
+    folder = tmp_path / "run"
+    script = tmp_path / "saver.py"
+    script.write_text(KILL_SCRIPT)
+    rng = np.random.default_rng(0)
+    seen = set()
+    for attempt in range(3):
+        child = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
+        assert child.stdout.readline().strip() == "ready"
+        time.sleep(0.2 + rng.uniform(0.0, 0.6))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        child.stdout.close()
+        post = ppl.load(folder)  # never a mixture, never an error
+        seen.add(post.seed)
+        assert post.seed in (0, 1) and post.num_draws == 20000
+    # The lock died with the killed writer: a new writer gets in at once.
+    with _io.run_lock(folder):
+        pass
+
+
+def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from ppl import _io\n"
+         "with _io.run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", str(out)],
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code = main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", str(out), "--no-progress"])
+        assert code == 2 and "another ppl process is writing" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert not out.exists()
+
+
+# -- 2. Ctrl-C within a chunk, mid-chain, with everything kept -------------------------------------
+def _interrupt_after(monkeypatch, calls: int):
+    """Press Ctrl-C (the first SIGINT's effect) during the ``calls``-th progress report."""
+    real = _progress.advance
+    count = {"n": 0}
+
+    def advance(steps, phase=0):
+        real(steps, phase)
+        count["n"] += 1
+        if count["n"] == calls:
+            _interrupt.request()
+
+    monkeypatch.setattr(_progress, "advance", advance)
+
+
+NUTS = dict(num_warmup=60, num_samples=80, num_chains=2)
+
+
+def test_interrupt_mid_chain_keeps_its_draws_and_resumes_bit_for_bit(monkeypatch, tmp_path, linear_model, linear_data):
+    full = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
+    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    # Two reports set where the bars start, then two per chunk: the 20th ends chunk 9 of chain 0
+    # (90 of its 140 steps, so 30 draws after the 60 warmup steps).
+    _interrupt_after(monkeypatch, 20)
+    part = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
+    monkeypatch.undo()
+    assert part.info["interrupted"] and part.num_chains == 1 and part.num_draws == 30
+    np.testing.assert_array_equal(part.draws["w"][0], full.draws["w"][0, : part.num_draws])
+    diag = part.diagnostics()
+    assert not diag.ok and any("interrupted" in w for w in diag.warnings)
+    part.save(tmp_path / "partial")
+    loaded = ppl.load(tmp_path / "partial")
+    assert loaded.info["interrupted"] and loaded.resume_state is not None
+    resumed = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, resume=tmp_path / "partial", **NUTS)
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+    assert not resumed.info["interrupted"]
+
+
+def test_interrupt_during_warmup_raises_interrupted_with_a_resumable_state(monkeypatch, tmp_path, linear_model, linear_data):
+    full = ppl.fit(linear_model, linear_data.train, method="hmc", seed=4, chain_method="vectorized", **NUTS)
+    _interrupt_after(monkeypatch, 2)
+    with pytest.raises(ppl.Interrupted) as stop:
+        ppl.fit(linear_model, linear_data.train, method="hmc", seed=4, chain_method="vectorized", **NUTS)
+    monkeypatch.undo()
+    assert isinstance(stop.value, KeyboardInterrupt)  # uncaught, it is an ordinary Ctrl-C
+    stop.value.save(tmp_path / "warm")
+    with pytest.raises(ppl.RunError, match="no draws yet"):
+        ppl.load(tmp_path / "warm")
+    resumed = ppl.fit(linear_model, linear_data.train, method="hmc", seed=4, chain_method="vectorized",
+                      resume=tmp_path / "warm", **NUTS)
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+
+
+@pytest.mark.parametrize("method, options", [("map", dict(batch_size=32, steps=600)), ("svi", dict(steps=600))])
+def test_interrupted_training_resumes_bit_for_bit(monkeypatch, tmp_path, linear_model, linear_data, method, options):
+    full = ppl.fit(linear_model, linear_data.train, method=method, seed=5, **options)
+    _interrupt_after(monkeypatch, 3)
+    part = ppl.fit(linear_model, linear_data.train, method=method, seed=5, **options)
+    monkeypatch.undo()
+    assert part.info["interrupted"] and 0 < part.info["steps_done"] < options["steps"]
+    part.save(tmp_path / "p")
+    resumed = ppl.fit(linear_model, linear_data.train, method=method, seed=5, resume=tmp_path / "p", **options)
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+    np.testing.assert_array_equal(resumed.info["losses"], full.info["losses"])
+
+
+def test_chunking_does_not_change_the_draws(monkeypatch, linear_model, linear_data):
+    from ppl.inference import mcmc
+
+    paced = ppl.fit(linear_model, linear_data.train, method="nuts", seed=6, **NUTS)
+    # One chunk per call for the whole run: the unchunked program.
+    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: mcmc.CHUNK_CAPACITY)
+    whole = ppl.fit(linear_model, linear_data.train, method="nuts", seed=6, **NUTS)
+    np.testing.assert_array_equal(paced.flat_draws, whole.flat_draws)
+
+
+def test_checkpoints_are_loadable_partial_runs(tmp_path, linear_model, linear_data):
+    folder = tmp_path / "ck"
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=7, checkpoint=folder, checkpoint_every=50, **NUTS)
+    meta, _, _ = _io.read_run_meta(folder)
+    assert meta["status"] == "checkpoint" and meta["resume"]["kind"] == "mcmc"
+    # The last checkpoint resumes to the same result as the run that wrote it.
+    resumed = ppl.fit(linear_model, linear_data.train, method="nuts", seed=7, resume=folder, **NUTS)
+    np.testing.assert_array_equal(resumed.flat_draws, post.flat_draws)
+
+
+def test_resume_against_other_data_or_options_is_refused_naming_the_difference(tmp_path, monkeypatch, linear_model, linear_data):
+    _interrupt_after(monkeypatch, 3)
+    part = ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=600)
+    monkeypatch.undo()
+    part.save(tmp_path / "p")
+    X, y = linear_data.train
+    with pytest.raises(ppl.ResumeError, match="training data differ"):
+        ppl.fit(linear_model, (X, y + 1.0), method="svi", seed=5, steps=600, resume=tmp_path / "p")
+    with pytest.raises(ppl.ResumeError, match="options.learning_rate: checkpoint 0.01, now 0.02"):
+        ppl.fit(linear_model, (X, y), method="svi", seed=5, steps=600, learning_rate=0.02, resume=tmp_path / "p")
+    with pytest.raises(ppl.ResumeError, match="prior_scale"):
+        ppl.fit(LinearRegression(prior_scale=2.0, noise_scale=0.5), (X, y), method="svi", seed=5, steps=600,
+                resume=tmp_path / "p")
+    with pytest.raises(ppl.ResumeError, match="method: checkpoint 'svi', now 'map'"):
+        ppl.fit(linear_model, (X, y), method="map", seed=5, steps=600, resume=tmp_path / "p")
+
+
+SIGINT_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    from ppl.cli import main
+    sys.exit(main(["fit", "--model", "bnn", "--data", "digits", "--method", "nuts", "--set", "num_samples=20000",
+                   "--set", "num_chains=1", "--set", "hidden=16", "--out", sys.argv[1], "--no-progress"]))
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
+    out = tmp_path / "run"
+    script = tmp_path / "fit.py"
+    script.write_text(SIGINT_SCRIPT)
+    child = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    time.sleep(25)  # past compilation, well into sampling of the one long chain
+    pressed = time.perf_counter()
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=120)
+    stopped = time.perf_counter() - pressed
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    # Stopping takes one chunk (~0.5 s), then diagnostics, test metrics and the save.
+    assert stopped < 30, stopped
+    post = ppl.load(out)
+    assert post.info["interrupted"] and post.num_draws > 0 and post.resume_state is not None
+    assert main(["show", str(out)]) == 0
+
+
+def test_cli_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
+    common = ["--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=400", "--no-progress"]
+    assert main(["fit", *common, "--out", str(tmp_path / "whole")]) == 0
+    _interrupt_after(monkeypatch, 3)
+    assert main(["fit", *common, "--out", str(tmp_path / "cut"), "--checkpoint-every", "5"]) == 130
+    monkeypatch.undo()
+    assert main(["show", str(tmp_path / "cut")]) == 0
+    with pytest.raises(SystemExit):
+        main(["fit", "--resume", str(tmp_path / "cut"), "--seed", "not-a-number"])
+    assert main(["fit", "--resume", str(tmp_path / "cut"), "--seed", "9"]) == 2  # differs from the run's seed
+    assert main(["fit", "--resume", str(tmp_path / "cut")]) == 0
+    whole, cut = ppl.load(tmp_path / "whole"), ppl.load(tmp_path / "cut")
+    np.testing.assert_array_equal(whole.flat_draws, cut.flat_draws)
+    assert json.loads((tmp_path / "cut" / "summary.json").read_text())["metrics"] == json.loads(
+        (tmp_path / "whole" / "summary.json").read_text()
+    )["metrics"]
+
+
+# -- 4 and 6. no silent wrong answers --------------------------------------------------------------
+def test_a_collapsed_guide_fails_ok(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, learning_rate=10.0)
+    assert float(post.approximation.cov.scale.min()) < 1e-15  # collapsed, as reported
+    diag = post.diagnostics()
+    assert not diag.ok and diag.khat > diag.khat_threshold
+
+
+def test_constant_log_ratios_fail_ok_unless_the_posterior_is_closed_form(linear_model, linear_data):
+    exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    # The same q relabelled as an approximation: constant log p − log q is then a degenerate sign.
+    post = ppl.Posterior(method="svi", problem=exact.problem, flat_draws=exact.flat_draws,
+                         approximation=exact.approximation)
+    diag = post.diagnostics()
+    assert diag.khat == np.inf and not diag.ok and any("degenerate" in w for w in diag.warnings)
+
+
+def test_exact_constant_ratios_are_the_only_perfect_khat(linear_model, linear_data):
+    diag = ppl.fit(linear_model, linear_data.train, method="exact", seed=0).diagnostics()
+    assert diag.ok and diag.khat == -np.inf
+
+
+def test_minibatch_map_that_is_still_moving_is_not_converged():
+    data = ppl.datasets.load("breast_cancer", seed=0)
+    model = BNN(hidden=(16,), activation="tanh", likelihood="bernoulli", prior_scale=100.0)
+    post = ppl.fit(model, data.train, method="map", seed=0, batch_size=64)
+    assert post.info["converged"] is False, post.info["convergence"]
+    assert not post.diagnostics().ok
+
+
+def test_lbfgs_thrown_off_by_a_huge_input_is_not_converged(linear_data):
+    X, y = (np.array(a, dtype=float) for a in linear_data.train)
+    X[0, 0] = 1e30
+    post = ppl.fit(LinearRegression(noise_scale=0.5), (X, y), method="map", seed=0)
+    assert post.info["converged"] is False and "above the best" in post.info["convergence"]
+    assert not post.diagnostics().ok
+
+
+def test_lbfgs_at_a_loss_of_1e31_finds_the_right_answer(linear_data):
+    # T = 1e-30 makes the loss ~1e31 and the MAP the least-squares fit; float64 gets it right.
+    X, y = (np.array(a, dtype=float) for a in linear_data.train)
+    post = ppl.fit(LinearRegression(noise_scale=0.5), (X, y), method="map", seed=0, temperature=1e-30)
+    design = np.hstack([X, np.ones((X.shape[0], 1))])
+    least_squares = np.linalg.lstsq(design, y, rcond=None)[0]
+    found = np.concatenate([post.draws["w"][0, 0], post.draws["b"][0, 0][None]])
+    np.testing.assert_allclose(found, least_squares, atol=1e-10)
+    assert post.info["converged"] is True
+
+
+def test_a_run_that_never_moved_is_not_converged():
+    from ppl.inference.optimize import loss_convergence
+
+    flat = np.full(400, 3.0)
+    assert loss_convergence(flat, 400, moved=True, stochastic=False)["converged"] is True
+    verdict = loss_convergence(flat, 400, moved=False, stochastic=False)
+    assert verdict["converged"] is False and "never moved" in verdict["convergence"]
+
+
+def test_healthy_optimisers_are_converged(linear_model, linear_data):
+    for options in ({}, {"batch_size": 32, "steps": 3000}):
+        post = ppl.fit(linear_model, linear_data.train, method="map", seed=0, **options)
+        assert post.info["converged"] is True, (options, post.info["convergence"])
+    svi = ppl.fit(linear_model, linear_data.train, method="svi", seed=0)
+    assert svi.info["converged"] is True, svi.info["convergence"]
+
+
+def test_diverging_learning_rate_stops_at_the_first_bad_chunk_with_a_partial_result(linear_data):
+    X, y = linear_data.train
+    model = LinearRegression(noise_scale=None)
+    with pytest.raises(ppl.NonFiniteError, match=r"non-finite at step \d+ .*sites") as failure:
+        ppl.fit(model, (X, y * 1e150), method="svi", seed=0, learning_rate=1e3, steps=400)
+    partial = failure.value.partial
+    assert all(np.all(np.isfinite(v)) for v in failure.value.last_finite_params.values())
+    assert partial is not None and 0 < partial.info["steps_done"] <= failure.value.step
+    assert not partial.diagnostics().ok and any("failed" in w for w in partial.diagnostics().warnings)
+
+
+@pytest.mark.parametrize(
+    "method, options, match",
+    [
+        ("hmc", {"trajectory_length": float("inf")}, "trajectory_length must be finite"),
+        ("nuts", {"dense_mass": "no"}, "dense_mass must be True or False"),
+        ("nuts", {"target_accept": "high"}, "target_accept must be a number"),
+        ("svi", {"learning_rate": float("nan")}, "learning_rate must be finite"),
+        ("map", {"steps": 10.5}, "steps must be an integer"),
+        ("svi", {"guide": 3}, "guide must be a string"),
+    ],
+)
+def test_options_that_would_hang_or_mislead_are_refused(method, options, match, linear_model, linear_data):
+    with pytest.raises(ppl.OptionError, match=match):
+        ppl.fit(linear_model, linear_data.train, method=method, seed=0, **options)
+
+
+def test_bad_models_and_seeds_are_refused(linear_model, linear_data):
+    with pytest.raises(ValueError, match="BNN.hidden must be"):
+        BNN(hidden="32")
+    with pytest.raises(ppl.OptionError, match=r"seed must be an integer in \[0, 2\*\*32\)"):
+        ppl.fit(linear_model, linear_data.train, method="map", seed=2**64)
+
+
+# -- 10. diagnostics edge cases ------------------------------------------------------------------------
+def _sampler_posterior(problem, flat, **info):
+    return ppl.Posterior(method="nuts", problem=problem, flat_draws=flat, info=info)
+
+
+def test_nan_draws_are_not_assessed_and_never_ok(linear_model, linear_data):
+    problem = ppl.compile_problem(linear_model, linear_data.train)
+    flat = np.random.default_rng(0).standard_normal((2, 50, problem.num_params))
+    flat[1, 7, 0] = np.nan
+    diag = _sampler_posterior(problem, flat).diagnostics()
+    assert not diag.ok and diag.rhat_max is None and "not assessed" in diag.notes["rhat_max"]
+    assert any("NaN" in w for w in diag.warnings)
+
+
+def test_a_stuck_chain_fails_ok(linear_model, linear_data):
+    problem = ppl.compile_problem(linear_model, linear_data.train)
+    flat = np.random.default_rng(0).standard_normal((2, 50, problem.num_params))
+    flat[1] = flat[1, 0]
+    diag = _sampler_posterior(problem, flat).diagnostics()
+    assert not diag.ok and any("never moved" in w for w in diag.warnings)
+
+
+def test_one_chain_has_no_rhat_and_says_why(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_chains=1, num_warmup=100, num_samples=200)
+    diag = post.diagnostics()
+    assert diag.rhat_max is None and "num_chains ≥ 2" in diag.notes["rhat_max"]
+
+
+def test_ebfmi_of_known_energies():
+    from ppl.diagnostics.report import ebfmi
+
+    rng = np.random.default_rng(0)
+    independent = rng.standard_normal((1, 20000))
+    # Independent energies: E[(ΔE)²] = 2 Var(E), so E-BFMI → 2.
+    assert abs(ebfmi(independent)[0] - 2.0) < 0.05
+    walk = np.cumsum(rng.standard_normal((1, 20000)), axis=1)
+    assert ebfmi(walk)[0] < 0.01  # a random walk in energy: tiny steps against a wide spread
+
+
+def funnel(dim: int = 9, centred: bool = True):
+    v = numpyro.sample("v", dist.Normal(0.0, 3.0))
+    if centred:
+        numpyro.sample("x", dist.Normal(jnp.zeros(dim), jnp.exp(v / 2.0)))
+    else:
+        raw = numpyro.sample("x_raw", dist.Normal(jnp.zeros(dim), 1.0))
+        numpyro.deterministic("x", raw * jnp.exp(v / 2.0))
+    numpyro.sample("y", dist.Normal(0.0, 1.0), obs=jnp.zeros(()))
+
+
+def test_neals_funnel_centred_is_flagged_non_centred_passes():
+    options = dict(num_warmup=500, num_samples=1000, num_chains=4)
+    centred = ppl.fit(funnel, {"centred": True}, method="nuts", seed=0, **options).diagnostics()
+    assert not centred.ok and centred.divergences > 0, centred
+    assert centred.ebfmi_min is not None
+    non_centred = ppl.fit(funnel, {"centred": False}, method="nuts", seed=0, **options).diagnostics()
+    assert non_centred.divergences == 0 and non_centred.ebfmi_min > 0.3, non_centred
+    assert non_centred.ok, non_centred
+
+
+# -- 11. memory over-asks are refused up front ------------------------------------------------------------
+def _wide_bnn_problem_data(width: int):
+    X = np.random.default_rng(0).standard_normal((20, 64))
+    y = (X[:, 0] > 0).astype(int)
+    return BNN(hidden=(width,), likelihood="bernoulli"), (X, y)
+
+
+def test_memory_over_asks_are_refused_before_anything_runs():
+    model, data = _wide_bnn_problem_data(600)  # 64·600 + 600 + 600 + 1 ≈ 40k weights
+    for method, options, match in [
+        ("svi", {"num_draws": 100_000}, "storing 100000 draws"),
+        ("svi", {"guide": "full_rank"}, "full-rank guide"),
+        ("nuts", {"dense_mass": True}, "dense mass matrix"),
+        ("nuts", {"num_samples": 10_000, "num_chains": 4}, "storing 40000 draws"),
+    ]:
+        started = time.perf_counter()
+        with pytest.raises(ppl.MemoryBudgetError, match=match) as refusal:
+            ppl.fit(model, data, method=method, seed=0, **options)
+        assert "GiB" in str(refusal.value) and "use" in str(refusal.value) or "lower" in str(refusal.value)
+        assert time.perf_counter() - started < 5.0  # refused before compiling anything
+
+
+def test_prediction_over_many_inputs_runs_in_chunks(monkeypatch, linear_model, linear_data):
+    from ppl import _posterior
+
+    post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=200)
+    X = np.random.default_rng(1).standard_normal((5000, linear_data.train[0].shape[1]))
+    whole = post.predict(X, seed=0)
+    monkeypatch.setattr(_posterior, "PREDICT_CHUNK_BYTES", 200 * 8 * 700)  # 700 rows a chunk
+    chunked = post.predict(X, seed=0)
+    np.testing.assert_allclose(chunked.mean, whole.mean, rtol=1e-12)
+    np.testing.assert_allclose(chunked.variance, whole.variance, rtol=1e-12)
+    with pytest.raises(ppl.MemoryBudgetError, match="predict: 2000000 draws"):
+        post.predict(X, seed=0, num_samples=2_000_000)
