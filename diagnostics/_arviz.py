@@ -2,24 +2,40 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+
 import arviz as az
 import numpy as np
 
 __all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data"]
 
 
+@contextlib.contextmanager
+def _quiet():
+    """ArviZ warns (and numpy divides by zero) on degenerate chains — constant, very short, or
+    with more chains than draws. ppl reports those cases itself, so silence them here."""
+    with warnings.catch_warnings(), np.errstate(all="ignore"):
+        warnings.simplefilter("ignore", UserWarning)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
 def _dataset(array: np.ndarray):
-    return az.convert_to_dataset({"x": np.asarray(array, dtype=float)})
+    with _quiet():
+        return az.convert_to_dataset({"x": np.asarray(array, dtype=float)})
 
 
 def rhat(array: np.ndarray) -> np.ndarray:
     """Rank-normalised split R-hat (max of bulk and folded) per component of (chain, draw, ...)."""
-    return np.asarray(az.rhat(_dataset(array), method="rank")["x"].values)
+    with _quiet():
+        return np.asarray(az.rhat(_dataset(array), method="rank")["x"].values)
 
 
 def ess(array: np.ndarray, method: str) -> np.ndarray:
     """Bulk or tail effective sample size per component of (chain, draw, ...)."""
-    return np.asarray(az.ess(_dataset(array), method=method)["x"].values)
+    with _quiet():
+        return np.asarray(az.ess(_dataset(array), method=method)["x"].values)
 
 
 def psis(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

@@ -38,7 +38,10 @@ def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarra
     if log_correction is not None:
         ratios = ratios + log_correction[None, :]
     smoothed, k = _arviz.psis(ratios, reff=reff)
-    pointwise = logsumexp(smoothed + loglik.T, axis=1)
-    elpd = float(pointwise.sum())
-    se = float(math.sqrt(loglik.shape[1] * pointwise.var()))
+    # Log likelihoods near ±1e300 (absurd data) overflow in sums and squares: the result is then
+    # ±inf or NaN, which Diagnostics reports as None, instead of a numpy warning.
+    with np.errstate(over="ignore", invalid="ignore"):
+        pointwise = logsumexp(smoothed + loglik.T, axis=1)
+        elpd = float(pointwise.sum())
+        se = float(np.sqrt(loglik.shape[1] * pointwise.var()))
     return elpd, se, k

@@ -12,6 +12,7 @@ from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 __all__ = ["compute_diagnostics", "to_inference_data"]
 
 MIN_PSIS_DRAWS = 20
+MIN_CHAIN_DRAWS = 4  # rank-normalised split R-hat and ESS need at least this many draws per chain
 
 
 def _has_hidden_layers(problem) -> bool:
@@ -47,6 +48,12 @@ def compute_diagnostics(posterior) -> Diagnostics:
     if is_sampler and nonfinite:
         for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
             notes[field] = "not assessed: the draws hold NaN or inf"
+    elif is_sampler and posterior.num_draws < MIN_CHAIN_DRAWS:
+        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
+            notes[field] = f"not assessed: R-hat and ESS need at least {MIN_CHAIN_DRAWS} draws per chain"
+        fail(
+            f"only {posterior.num_draws} draw(s) per chain: too few to assess convergence — raise num_samples"
+        )
     elif is_sampler:
         arrays = list(posterior.draws.values())
         multi_chain = posterior.num_chains >= 2
@@ -227,8 +234,11 @@ def ebfmi(energy: np.ndarray) -> np.ndarray:
     """Energy Bayesian fraction of missing information per chain (Betancourt 2016), energies (chain, draw):
     E-BFMI = Σ_t (E_t − E_{t−1})² / Σ_t (E_t − Ē)². Below 0.3 the sampler explores poorly."""
     energy = np.atleast_2d(energy)
-    spread = np.sum(np.square(energy - energy.mean(axis=1, keepdims=True)), axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    # Scale each chain by its largest energy: squares of energies near 1e300 would overflow.
+    unit = np.max(np.abs(energy), axis=1, keepdims=True)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        energy = energy / np.where(unit > 0, unit, 1.0)
+        spread = np.sum(np.square(energy - energy.mean(axis=1, keepdims=True)), axis=1)
         return np.sum(np.square(np.diff(energy, axis=1)), axis=1) / spread
 
 

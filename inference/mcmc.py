@@ -40,6 +40,8 @@ __all__ = ["NUTS", "HMC"]
 
 INITS = ("uniform", "prior", "zeros")
 CHAIN_METHODS = ("sequential", "vectorized")
+MAX_TREE_DEPTH = 20
+MAX_TRAJECTORY_LENGTH = 1000.0
 CHUNK_CAPACITY = 128  # most steps one compiled chunk can take
 TARGET_CHUNK_S = 0.5  # wall time the host aims each chunk at (Ctrl-C answers within one chunk)
 
@@ -439,6 +441,13 @@ class NUTS(_MCMC):
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "max_tree_depth", self.max_tree_depth)
+        if self.max_tree_depth > MAX_TREE_DEPTH:
+            # One draw can take 2^depth leapfrog steps, and a compiled step cannot be interrupted.
+            raise OptionError(
+                f"nuts: max_tree_depth={self.max_tree_depth} allows 2^{self.max_tree_depth} gradient evaluations per "
+                f"draw, which would not finish; use at most {MAX_TREE_DEPTH} (the default 10 suits most models; "
+                "raise it a little, or use dense_mass=True, when tree_depth_hits are reported)"
+            )
 
     def _config(self) -> _ChainConfig:
         return _ChainConfig("NUTS", self.num_warmup, self.num_samples, self.max_tree_depth, self.dense_mass, self.init)
@@ -456,6 +465,14 @@ class HMC(_MCMC):
     def __post_init__(self):
         super().__post_init__()
         check_positive(self.name, "trajectory_length", self.trajectory_length)
+        if self.trajectory_length > MAX_TRAJECTORY_LENGTH:
+            # Each draw takes trajectory_length / step_size leapfrog steps inside one compiled step,
+            # which Ctrl-C cannot interrupt.
+            raise OptionError(
+                f"hmc: trajectory_length={self.trajectory_length!r} would take trajectory_length / step_size leapfrog "
+                f"steps per draw and not finish; use at most {MAX_TRAJECTORY_LENGTH:g} (the default is 2π), or nuts, "
+                "which chooses the length itself"
+            )
 
     def _config(self) -> _ChainConfig:
         # max_tree_depth does not apply to HMC; 10 only fills the field NumPyro reads for NUTS.

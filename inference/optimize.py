@@ -284,15 +284,19 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     window = max(10, len(losses) // 5)
     if len(losses) >= 2 * window:
         tail = np.asarray(losses[-window:], dtype=float)
+        # Work on losses divided by their largest magnitude: squares of losses near 1e300 overflow.
+        unit = float(np.max(np.abs(tail))) or 1.0
+        scaled = tail / unit
         t = np.arange(window, dtype=float) - (window - 1) / 2.0
-        slope = float(np.sum(t * (tail - tail.mean())) / np.sum(t * t))
-        residual = tail - tail.mean() - slope * t
+        slope = float(np.sum(t * (scaled - scaled.mean())) / np.sum(t * t))
+        residual = scaled - scaled.mean() - slope * t
         se = float(np.sqrt(np.sum(residual**2) / (window - 2) / np.sum(t * t)))
         # Successive losses of an optimiser are correlated; inflate the standard error by the
         # residuals' lag-1 autocorrelation (an AR(1) variance factor) so jitter is not read as trend.
         if window > 3 and np.var(residual) > 0:
             rho = float(np.clip(np.corrcoef(residual[:-1], residual[1:])[0, 1], 0.0, 0.99))
             se *= math.sqrt((1 + rho) / (1 - rho))
+        slope, se = slope * unit, se * unit
         scale = max(1.0, abs(float(tail.mean())))
         drop = -slope * window
         result.update(loss_slope=slope, loss_slope_se=se, final_loss=float(tail.mean()))
@@ -300,8 +304,8 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
             reasons.append(
                 f"the loss still fell by {drop:.3g} over the last {window} steps ({drop / scale:.2%} of its scale)"
             )
-    elif not reasons:
-        return {**result, "converged": None, "convergence": "too few steps to judge", **status}
+    else:
+        reasons.append(f"only {len(losses)} steps: too few to judge whether the loss settled")
     if not stochastic and len(losses):
         best, final = float(np.min(losses)), float(losses[-1])
         if not final <= best + CONVERGENCE_RTOL * max(1.0, abs(best)):

@@ -274,7 +274,9 @@ class Posterior:
         from numpyro import handlers
 
         args, kwargs = self.problem._call(self.problem.data)
-        tr = handlers.trace(handlers.seed(self.problem.model, rng_seed=0)).get_trace(*args, **kwargs)
+        from ppl._problem import trace_model
+
+        tr = trace_model(self.problem.model, 0, args, kwargs)
         return {name: np.asarray(tr[name]["value"]) for name in self.problem.spec.observed}
 
     def log_density_ratios(self) -> np.ndarray | None:

@@ -24,7 +24,8 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 from numpyro import handlers
-from numpyro.distributions import biject_to
+from numpyro.distributions import ImproperUniform, biject_to
+from numpyro.infer.initialization import init_to_uniform
 from numpyro.distributions.util import sum_rightmost
 
 from ppl._data import validate_program_data, validate_supervised
@@ -288,8 +289,31 @@ class Problem:
             return jax.random.uniform(key, (self.num_params,), minval=-2.0, maxval=2.0)
         if strategy == "prior":
             args, kwargs = self._call(self.data)
-            return self._unconstrain_trace(handlers.trace(handlers.seed(self.model, rng_seed=key)).get_trace(*args, **kwargs))
+            return self._unconstrain_trace(trace_model(self.model, key, args, kwargs))
         raise OptionError(f"init={strategy!r} is not one of 'prior', 'uniform', 'zeros'")
+
+
+def _improper_uniform_value(site):
+    """A value for a latent site whose distribution cannot be sampled (an improper flat prior).
+
+    NumPyro's ``ImproperUniform`` has no ``sample``; the model still has to run to reveal its sites
+    and to give a starting point, so such a site gets a uniform(−2, 2) draw in unconstrained space,
+    as NumPyro's own ``init_to_uniform`` does. Every other site is left alone (None).
+    """
+    if site["type"] != "sample" or site["is_observed"]:
+        return None
+    fn = site["fn"]
+    while hasattr(fn, "base_dist"):
+        fn = fn.base_dist
+    if isinstance(fn, ImproperUniform):
+        return init_to_uniform(site)
+    return None
+
+
+def trace_model(model, key, args: tuple, kwargs: dict):
+    """The trace of one forward run of ``model`` (improper flat priors get a uniform start value)."""
+    seeded = handlers.seed(model, rng_seed=key)
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=_improper_uniform_value)).get_trace(*args, **kwargs)
 
 
 def _site_log_prob(site) -> jax.Array:
@@ -338,7 +362,7 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
 def _discover_sites(problem: Problem) -> tuple:
     args, kwargs = problem._call(problem.data)
     try:
-        tr = handlers.trace(handlers.seed(problem.model, rng_seed=0)).get_trace(*args, **kwargs)
+        tr = trace_model(problem.model, 0, args, kwargs)
     except Exception as error:  # a user's program failing on its own data: say where
         raise DataError(
             f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "

@@ -230,15 +230,17 @@ def _check_out(out: Path) -> None:
 def _print_run(record: dict, diagnostics) -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
+    # Text read from a run folder is shown as is, never interpreted as rich markup.
     console = Console()
-    console.print(str(diagnostics))
-    table = Table(title=f"test metrics — {record['data']} / {record['model']}")
+    console.print(str(diagnostics), markup=False, highlight=False)
+    table = Table(title=Text(f"test metrics — {record.get('data', '?')} / {record.get('model', '?')}"))
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
         shown = f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
-        table.add_row(str(key), shown)
+        table.add_row(Text(str(key)), Text(shown))
     console.print(table)
 
 
