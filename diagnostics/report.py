@@ -126,6 +126,12 @@ def compute_diagnostics(posterior) -> Diagnostics:
             )
     else:
         notes["tree_depth_hits"] = "only NUTS builds trees"
+    if info.get("leapfrog_cap_hits"):
+        warnings.append(
+            f"{info['leapfrog_cap_hits']} transitions were cut at {info['max_leapfrog_steps']} leapfrog steps: the "
+            "adapted step size is tiny against trajectory_length, so the posterior is badly scaled — rescale the "
+            "parameters or data, or use nuts"
+        )
     if "energy" in info and np.shape(info["energy"])[-1] >= 2:
         record.ebfmi_min = finite_or_none(np.min(ebfmi(np.asarray(info["energy"], dtype=float))))
         if record.ebfmi_min is not None and record.ebfmi_min < THRESHOLDS["ebfmi"]:

@@ -41,6 +41,7 @@ __all__ = ["NUTS", "HMC"]
 INITS = ("uniform", "prior", "zeros")
 CHAIN_METHODS = ("sequential", "vectorized")
 MAX_TREE_DEPTH = 20
+MAX_LEAPFROG_STEPS = 1024  # per HMC transition, as NUTS's default tree depth of 10 allows
 MAX_TRAJECTORY_LENGTH = 1000.0
 CHUNK_CAPACITY = 128  # most steps one compiled chunk can take
 TARGET_CHUNK_S = 0.5  # wall time the host aims each chunk at (Ctrl-C answers within one chunk)
@@ -104,10 +105,18 @@ def _advance(config: _ChainConfig, capacity: int, problem, state, num_active, ta
         rng_key=state.rng_key,
     )
 
+    def kernel(state):
+        if config.algo == "HMC":
+            # A fixed trajectory takes trajectory_length / step_size leapfrog steps; on a badly scaled
+            # posterior the adapted step size collapses and one transition would never end (and a
+            # compiled step cannot be interrupted). Cap the steps as NUTS's tree depth does: the
+            # kernel stays valid (the length depends on the step size, not on the position).
+            cap = state.adapt_state.step_size * MAX_LEAPFROG_STEPS
+            state = state._replace(trajectory_length=jnp.minimum(trajectory_length, cap))
+        return sample_kernel(state, model_args=(problem,))
+
     def step(state, index):
-        state = jax.lax.cond(
-            index < num_active, lambda s: sample_kernel(s, model_args=(problem,)), lambda s: s, state
-        )
+        state = jax.lax.cond(index < num_active, kernel, lambda s: s, state)
         return state, (state.z, state.diverging, state.num_steps, state.accept_prob, state.energy)
 
     return jax.lax.scan(step, state, jnp.arange(capacity))
@@ -412,6 +421,9 @@ class _MCMC(Method):
         if config.algo == "NUTS":
             info["tree_depth_hits"] = int((stats["num_steps"] >= 2**config.max_tree_depth - 1).sum())
             info["max_tree_depth"] = config.max_tree_depth
+        else:
+            info["leapfrog_cap_hits"] = int((stats["num_steps"] >= MAX_LEAPFROG_STEPS).sum())
+            info["max_leapfrog_steps"] = MAX_LEAPFROG_STEPS
         return Posterior(method=self.name, problem=problem, flat_draws=stats["z"], info=info)
 
 

@@ -78,11 +78,11 @@ def fit(
     print_seed = seed_record(seed)
     fingerprint = _io.fingerprint(problem, method_obj, print_seed)
     session = Session()
+    takes_session = "session" in inspect.signature(method_obj.run).parameters
+    if not takes_session and (resume is not None or checkpoint_every is not None):
+        raise OptionError(f"method {method!r} computes its result in one step: there is nothing to checkpoint or resume")
     if resume is not None:
         session.resume = _resume_state(resume, fingerprint)
-    takes_session = "session" in inspect.signature(method_obj.run).parameters
-    if not takes_session and (session.resume is not None or checkpoint_every is not None):
-        raise OptionError(f"method {method!r} computes its result in one step: there is nothing to checkpoint or resume")
 
     def stamp(posterior, elapsed):
         posterior.wall_time_s = elapsed

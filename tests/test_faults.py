@@ -583,3 +583,14 @@ def test_prediction_over_many_inputs_runs_in_chunks(monkeypatch, linear_model, l
     np.testing.assert_allclose(chunked.variance, whole.variance, rtol=1e-12)
     with pytest.raises(ppl.MemoryBudgetError, match="predict: 2000000 draws"):
         post.predict(X, seed=0, num_samples=2_000_000)
+
+
+def test_hmc_on_a_badly_scaled_posterior_finishes_and_says_why(linear_data):
+    # Inputs scaled by 1e150 make the posterior sd ~1e-150: the adapted step size collapses, and
+    # an uncapped fixed trajectory of 2π would need ~1e150 leapfrog steps per transition.
+    X, y = linear_data.train
+    post = ppl.fit(LinearRegression(noise_scale=0.5), (np.asarray(X) * 1e150, y), method="hmc", seed=0,
+                   num_warmup=150, num_samples=150, num_chains=2)
+    assert post.info["leapfrog_cap_hits"] > 0
+    diag = post.diagnostics()
+    assert not diag.ok and any("leapfrog steps" in w for w in diag.warnings)
