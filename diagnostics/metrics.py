@@ -31,12 +31,14 @@ def classification_metrics(prediction: Prediction, labels: np.ndarray) -> dict:
     Σ_c (p_c − 1[y = c])² averaged over points (for two classes this is twice the binary score)."""
     labels = np.asarray(labels).astype(int)
     probs = prediction.probs
-    onehot = np.eye(probs.shape[1])[labels]
+    rows = np.arange(labels.shape[0])
+    # Σ_c (p_c − 1[y = c])² = Σ_c p_c² − 2 p_y + 1, without an N × C one-hot matrix.
+    brier = np.sum(np.square(probs), axis=1) - 2.0 * probs[rows, labels] + 1.0
     return {
         "nll": float(-np.mean(prediction.log_prob(labels))),
         "accuracy": float(np.mean(probs.argmax(axis=1) == labels)),
         "ece": expected_calibration_error(probs, labels),
-        "brier": float(np.mean(np.sum(np.square(probs - onehot), axis=1))),
+        "brier": float(np.mean(brier)),
     }
 
 

@@ -93,6 +93,19 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 )
         if symmetric:
             notes["ess_bulk_min"] = notes["ess_tail_min"] = "weight-space ESS; see the note on rhat_max"
+            if functions is not None:
+                # Weight-space ESS says nothing for such networks; the network's outputs still must
+                # be sampled well enough, with one chain as with several.
+                for label in ("bulk", "tail"):
+                    value = min_ess([functions], label)
+                    if value is None:
+                        continue
+                    notes[f"ess_{label}_min"] += f"; function-space {label} ESS {value:.0f}"
+                    if value < ess_needed:
+                        fail(
+                            f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): the network's "
+                            "outputs are estimated from too few effective draws — draw more samples"
+                        )
         stuck = _stuck_chains(posterior)
         if stuck:
             fail(

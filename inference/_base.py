@@ -24,6 +24,7 @@ __all__ = [
 
 # What one request (stored draws, a dense matrix) may take before it is refused up front.
 MEMORY_BUDGET_BYTES = 4 * 2**30
+MAX_INT_OPTION = 2**31
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,10 +142,17 @@ def check_option_types(options) -> None:
         elif kind is int:
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
                 raise OptionError(f"{where} must be an integer, got {value!r}")
+            if not -MAX_INT_OPTION < int(value) < MAX_INT_OPTION:
+                # Step counters are 32-bit integers inside the compiled loops.
+                raise OptionError(f"{where} must be below 2**31, got {value!r}")
         elif kind is float:
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
                 raise OptionError(f"{where} must be a number, got {value!r}")
-            if not math.isfinite(float(value)):
+            try:
+                finite = math.isfinite(float(value))
+            except OverflowError:  # an int beyond float range, e.g. 10**400
+                finite = False
+            if not finite:
                 raise OptionError(f"{where} must be finite, got {value!r}")
         elif kind is str:
             if not isinstance(value, str):

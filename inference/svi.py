@@ -35,6 +35,7 @@ from ppl.inference._base import (
     check_choice,
     check_dense_matrix,
     check_positive,
+    check_stored_draws,
     check_positive_int,
 )
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, LowRankDiagonal, PointMass, draw
@@ -42,6 +43,7 @@ from ppl.inference.optimize import (
     INITS,
     NegativeLogJoint,
     OptimizerConfig,
+    _full_gradient,
     _moved,
     loss_convergence,
     minimize,
@@ -129,6 +131,8 @@ class SVI(Method):
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
         itemsize = np.dtype(problem.init_params.dtype).itemsize
+        # Each step draws num_particles parameter vectors and keeps them for the gradient.
+        check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, problem.num_params, itemsize)
         if self.guide == "full_rank":
             # The factor, Adam's two moments and its gradient: four P × P arrays.
             check_dense_matrix(
@@ -147,10 +151,18 @@ class SVI(Method):
         )
         config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size)
 
+        if self.guide == "delta":
+            # A delta guide is a MAP: its objective is deterministic on the full data, so judge it
+            # by its full-batch gradient as map does.
+            start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
+
         def build(params, losses):
             family = guide_family(self.guide, params)
             flat = draw(family, draw_key, self.stored_draws())
-            info = {"losses": losses, **loss_convergence(losses, self.steps, moved=_moved(start, params))}
+            judged = {"moved": _moved(start, params)}
+            if self.guide == "delta":
+                judged["gradient"] = (start_norm, float(_full_gradient(objective, problem, params, run_key)[1]))
+            info = {"losses": losses, **loss_convergence(losses, self.steps, **judged)}
             return Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
 
         result = minimize(

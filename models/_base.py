@@ -142,9 +142,19 @@ def check_choice(name: str, value, choices) -> None:
         raise ValueError(f"{name}={value!r} is not one of {', '.join(map(repr, choices))}")
 
 
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+
+
 def check_scale(name: str, value, allow_none: bool = False) -> None:
     if value is None and allow_none:
         return
-    if not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+    valid = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, (bool, np.bool_))
+    try:
+        valid = valid and bool(np.isfinite(float(value))) and value > 0
+    except OverflowError:
+        valid = False
+    if not valid:
         extra = " or None (learn it)" if allow_none else ""
         raise ValueError(f"{name} must be a positive finite number{extra}, got {value!r}")

@@ -69,6 +69,8 @@ class BNN(SupervisedModel):
         check_choice("BNN.likelihood", self.likelihood, LIKELIHOODS)
         check_scale("BNN.prior_scale", self.prior_scale)
         check_scale("BNN.noise_scale", self.noise_scale, allow_none=True)
+        if self.noise_scale is not None and self.likelihood != "gaussian":
+            raise ValueError(f"BNN.noise_scale applies only to likelihood='gaussian', not {self.likelihood!r}")
         if self.prior is not None and not isinstance(self.prior, Prior):
             raise ValueError(
                 f"BNN.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, "

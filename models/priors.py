@@ -34,7 +34,7 @@ class Prior:
 
 
 def _check_positive(name: str, value: float) -> None:
-    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+    if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive finite number, got {value!r}")
 
 
@@ -58,6 +58,10 @@ class PerLayer(Prior):
     scales: tuple = (1.0,)
 
     def __post_init__(self):
+        if isinstance(self.scales, (str, bytes)) or not isinstance(self.scales, (tuple, list)):
+            raise ValueError(f"PerLayer.scales must be a tuple of positive numbers, one per layer; got {self.scales!r}")
+        for i, s in enumerate(self.scales):
+            _check_positive(f"PerLayer.scales[{i}]", s)
         object.__setattr__(self, "scales", tuple(float(s) for s in self.scales))
         for i, s in enumerate(self.scales):
             _check_positive(f"PerLayer.scales[{i}]", s)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpyro
 import numpyro.distributions as dist
 
-from ppl.models._base import Layer, SupervisedModel, check_scale
+from ppl.models._base import Layer, SupervisedModel, check_flag, check_scale
 
 __all__ = ["LinearRegression", "LogisticRegression"]
 
@@ -58,6 +58,7 @@ class LinearRegression(_Linear):
     def __post_init__(self):
         check_scale("LinearRegression.prior_scale", self.prior_scale)
         check_scale("LinearRegression.noise_scale", self.noise_scale, allow_none=True)
+        check_flag("LinearRegression.bias", self.bias)
 
 
 @dataclass(frozen=True)
@@ -72,3 +73,4 @@ class LogisticRegression(_Linear):
 
     def __post_init__(self):
         check_scale("LogisticRegression.prior_scale", self.prior_scale)
+        check_flag("LogisticRegression.bias", self.bias)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import inspect
+import os
 import time
 
+import numpy as np
+
+from ppl import _interrupt
 from ppl._checkpoint import Interrupted, Session
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import as_key, seed_record
@@ -63,7 +67,7 @@ def fit(
     key = as_key(seed)
     method_obj = registry.create(method, options)
     if checkpoint_every is not None:
-        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, int) or checkpoint_every < 1:
+        if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
             raise OptionError(f"checkpoint_every must be a positive integer (steps), got {checkpoint_every!r}")
         if checkpoint is None:
             raise OptionError("checkpoint_every needs checkpoint=<folder> to write to")
@@ -95,7 +99,7 @@ def fit(
 
     start = time.perf_counter()
     if checkpoint_every is not None:
-        session.checkpoint_every = checkpoint_every
+        session.checkpoint_every = int(checkpoint_every)
 
         def write(posterior, state):
             if posterior is not None:
@@ -107,7 +111,10 @@ def fit(
 
         session.write = write
     try:
-        posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
+        # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
+        # assembled stops nothing and loses nothing.
+        with _interrupt.guard():
+            posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
     except Interrupted as error:
         error.fingerprint = fingerprint
         raise
@@ -127,9 +134,13 @@ def _resume_state(resume, fingerprint: dict):
         state, theirs = resume.resume_state, resume.fingerprint
     elif isinstance(resume, Posterior):
         state, theirs = resume.resume_state, resume.fingerprint
-    else:
+    elif isinstance(resume, (str, os.PathLike)):
         _, state, meta = _io.load_run(resume)
         theirs = meta.get("fingerprint")
+    else:
+        raise OptionError(
+            f"resume= takes a run folder, a partial Posterior or a caught ppl.Interrupted, got {type(resume).__name__}"
+        )
     if state is None:
         raise ResumeError(f"{resume!r} holds no state to resume: the run it records already finished")
     if theirs is None:

@@ -43,7 +43,10 @@ def guard():
     main = threading.current_thread() is threading.main_thread()
     if _STATE["depth"] == 0:
         _STATE["requested"] = False
-    previous = signal.signal(signal.SIGINT, _handler) if main and _STATE["depth"] == 0 else None
+    previous = None
+    # A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
+    if main and _STATE["depth"] == 0 and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        previous = signal.signal(signal.SIGINT, _handler)
     _STATE["depth"] += 1
     try:
         yield

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import importlib
+import io
 import json
 import math
 import os
+import re
 import shutil
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
@@ -42,7 +44,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ppl._errors import RunError
+from ppl._errors import DataError, RunError
 
 __all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "write_atomic", "run_lock", "fingerprint"]
 
@@ -81,6 +83,11 @@ def write_atomic(path: Path, write) -> None:
         raise
 
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: no advisory lock, one writer is then the caller's duty
+    fcntl = None
+
 _HELD: dict = {}
 
 
@@ -103,7 +110,8 @@ def run_lock(path):
     path.parent.mkdir(parents=True, exist_ok=True)
     handle = open(path.parent / f".{path.name}.lock", "a+")
     try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fcntl is not None:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         handle.close()
         raise RunError(
@@ -117,22 +125,41 @@ def run_lock(path):
         _HELD[key][1] -= 1
         if _HELD[key][1] == 0:
             del _HELD[key]
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            if fcntl is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
             handle.close()
 
 
-def is_run_folder(path: Path) -> bool:
-    return (Path(path) / MANIFEST).is_file() or (Path(path) / META).is_file()
-
-
 def check_writable_run(path: Path) -> None:
-    """Refuse to write into something that is not (or not yet) a ppl run folder."""
+    """Refuse to write into something that is not (or not yet) a ppl run folder.
+
+    A folder is replaced only when it is empty, or a ppl run (a valid manifest) holding nothing
+    but the files its manifest lists: files ppl did not write are never deleted.
+    """
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise RunError(f"{path} is an existing file, not a run folder; choose another path")
-    if path.is_dir() and any(path.iterdir()) and not is_run_folder(path):
+    if not path.is_dir():
+        return
+    try:
+        present = set(os.listdir(path))
+    except OSError as error:
+        raise RunError(f"{path}: cannot be listed ({error.strerror})") from None
+    if not present:
+        return
+    try:
+        with _open_snapshot(path) as snapshot:
+            listed = set(snapshot.manifest["files"]) | {MANIFEST}
+    except RunError:
         raise RunError(
-            f"{path} exists and is not a ppl run folder (no {MANIFEST}); ppl will not write into it — choose another path"
+            f"{path} exists and is not a ppl run folder (no valid {MANIFEST}); ppl will not write into it — choose "
+            "another path"
+        ) from None
+    foreign = sorted(present - listed)
+    if foreign:
+        raise RunError(
+            f"{path} holds files that are not part of its run ({', '.join(foreign[:5])}); ppl will not replace the "
+            "folder and delete them — move them, or choose another path"
         )
 
 
@@ -148,16 +175,33 @@ def _dump(obj) -> bytes:
     return json.dumps(_jsonable(obj), indent=2, allow_nan=False).encode()
 
 
-def save_run(path, posterior, *, resume_state=None, fingerprint=None, status=None, extra_files=None) -> None:
+def save_run(
+    path, posterior, *, resume_state=None, fingerprint=None, status=None, extra_files=None, with_diagnostics=True
+) -> None:
     """Write a run folder as one unit: a posterior (or None for a state-only checkpoint), the state to
     resume from, the fingerprint resuming must match, and extra JSON files (name -> object)."""
     path = Path(path)
+    if path.is_symlink():
+        # Save into the folder the link names (the link itself stays, and shares the lock).
+        path = Path(os.path.realpath(path))
     with run_lock(path):
         check_writable_run(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
         try:
-            meta, arrays, diagnostics = _collect(posterior, resume_state, fingerprint, status)
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise RunError(f"{path}: cannot create its parent folder ({error.strerror}); the result is still in memory") from None
+        for stale in path.parent.glob(f".{path.name}.new-*"):
+            # Under the lock no other writer is staging: these were left by a killed process.
+            shutil.rmtree(stale, ignore_errors=True)
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.new-", dir=path.parent))
+            umask = os.umask(0)
+            os.umask(umask)
+            os.chmod(staging, 0o777 & ~umask)  # a run folder gets the usual permissions, not mkdtemp's 0700
+        except OSError as error:
+            raise RunError(f"{path}: cannot write beside it ({error.strerror}); the result is still in memory") from None
+        try:
+            meta, arrays, diagnostics = _collect(posterior, resume_state, fingerprint, status, with_diagnostics)
             with open(staging / ARRAYS, "wb") as handle:
                 np.savez(handle, **arrays)
             (staging / META).write_bytes(_dump(meta))
@@ -178,12 +222,11 @@ def save_run(path, posterior, *, resume_state=None, fingerprint=None, status=Non
             _swap_into_place(staging, path)
         except OSError as error:
             shutil.rmtree(staging, ignore_errors=True)
-            if error.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise RunError(
-                    f"{path}: could not write the run ({os.strerror(error.errno)}); nothing was changed on disk and "
-                    "the fitted result is still in memory — free space (or choose another folder) and call save again"
-                ) from error
-            raise
+            advice = "free space (or choose another folder)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+            raise RunError(
+                f"{path}: could not write the run ({error.strerror or error}); nothing was changed on disk and "
+                f"the fitted result is still in memory — {advice} and call save again"
+            ) from error
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -227,7 +270,7 @@ def _swap_into_place(staging: Path, path: Path) -> None:
     shutil.rmtree(aside, ignore_errors=True)
 
 
-def save_posterior(posterior, path, *, extra_files=None) -> None:
+def save_posterior(posterior, path, *, extra_files=None, with_diagnostics=True) -> None:
     status = "complete"
     if posterior.info.get("failed"):
         status = "failed"
@@ -235,7 +278,7 @@ def save_posterior(posterior, path, *, extra_files=None) -> None:
         status = "interrupted"
     save_run(
         path, posterior, resume_state=posterior.resume_state, fingerprint=posterior.fingerprint,
-        status=status, extra_files=extra_files,
+        status=status, extra_files=extra_files, with_diagnostics=with_diagnostics,
     )
 
 
@@ -292,7 +335,7 @@ def fingerprint(problem, method_obj, seed_record) -> dict:
     })
 
 
-def _collect(posterior, resume_state, fingerprint, status):
+def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True):
     arrays, diagnostics = {}, None
     meta = {
         "status": status or "complete",
@@ -343,7 +386,7 @@ def _collect(posterior, resume_state, fingerprint, status):
         "num_chains": posterior.num_chains,
         "num_draws": posterior.num_draws,
     })
-    if status != "checkpoint":
+    if status != "checkpoint" and with_diagnostics:
         try:
             diagnostics = posterior.diagnostics().to_dict()
         except Exception as error:  # never lose a fitted result because a diagnostic failed
@@ -390,87 +433,255 @@ class _Schema:
         raise self.fail(field, "JSON scalars and lists", value)
 
 
-def _read_json(folder: Path, name: str):
-    path = folder / name
-    if not path.is_file():
-        raise RunError(f"{folder}: {name} is missing — the run folder is incomplete")
-    if path.stat().st_size > MAX_JSON_BYTES:
-        raise RunError(f"{path}: {path.stat().st_size} bytes is too large for a run's {name}")
+class _Snapshot:
+    """The files of one run folder, read once each through one directory handle and checked
+    against the folder's manifest: every byte parsed is a byte whose checksum was verified.
+
+    Reading through a handle on the directory (``openat``) means a save that swaps a new run into
+    place while we read cannot mix the two: we keep reading the folder we opened. Files are opened
+    without following symlinks and must be regular files, so nothing outside the folder is read.
+    """
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        try:
+            self.fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        except FileNotFoundError:
+            leftovers = sorted(folder.parent.glob(f".{folder.name}.old-*")) if folder.parent.is_dir() else []
+            if leftovers:
+                raise RunError(
+                    f"{folder} is missing, but a save over it was cut short: the previous run is intact at "
+                    f"{leftovers[-1]}; rename it back to {folder.name}"
+                ) from None
+            raise RunError(f"{folder} does not exist; a saved run is a folder written by Posterior.save or ppl fit") from None
+        except NotADirectoryError:
+            raise RunError(f"{folder} is not a folder; a saved run is a folder written by Posterior.save or ppl fit") from None
+        except OSError as error:
+            raise RunError(f"{folder}: cannot be opened ({error.strerror})") from None
+        self._verified: dict = {}
+        try:
+            self.manifest = self._read_manifest()
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _raw(self, name: str, limit: int | None = None) -> bytes:
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW, dir_fd=self.fd)
+        except FileNotFoundError:
+            raise _Vanished(f"{self.folder}/{name} is missing — the run folder is incomplete") from None
+        except OSError as error:
+            if error.errno == errno.ELOOP:
+                raise RunError(f"{self.folder}/{name} is a symbolic link; a run folder holds only its own files") from None
+            raise RunError(f"{self.folder}/{name}: cannot be read ({error.strerror})") from None
+        with os.fdopen(fd, "rb") as handle:
+            info = os.fstat(handle.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise RunError(f"{self.folder}/{name} is not a regular file")
+            if limit is not None and info.st_size > limit:
+                raise RunError(f"{self.folder}/{name}: {info.st_size} bytes is too large for a run's {name}")
+            return handle.read()
+
+    def _read_manifest(self) -> dict:
+        folder = self.folder
+        try:
+            raw = self._raw(MANIFEST, MAX_JSON_BYTES)
+        except _Vanished:
+            try:
+                os.stat(META, dir_fd=self.fd, follow_symlinks=False)
+                old = True
+            except OSError:
+                old = False
+            if old:
+                raise RunError(
+                    f"{folder}: {MANIFEST} is missing — the run was written by an older ppl (format 1), or its save "
+                    "was interrupted before it was committed; re-fit it with this version"
+                ) from None
+            raise RunError(f"{folder} is not a saved ppl run (no {MANIFEST}); save one with post.save(path)") from None
+        manifest = _parse_json(raw, folder, MANIFEST)
+        schema = _Schema(folder, MANIFEST)
+        if not isinstance(manifest, dict):
+            raise schema.fail("(top level)", "an object", manifest)
+        if manifest.get("format") != FORMAT:
+            raise schema.fail("format", repr(FORMAT), manifest.get("format"))
+        version = manifest.get("format_version")
+        if version != FORMAT_VERSION:
+            raise RunError(
+                f"{folder}/{MANIFEST}: run format version {version!r}, but this ppl reads version {FORMAT_VERSION}; "
+                "load it with the ppl version that wrote it, or re-fit"
+            )
+        files = schema.get(manifest, "files", dict, "an object of file records")
+        for required in (META, ARRAYS):
+            if required not in files:
+                raise RunError(f"{folder}/{MANIFEST}: does not list {required} — the folder is not a complete run")
+        for name, record in files.items():
+            if not _PLAIN_NAME.fullmatch(name) or name == MANIFEST:
+                raise schema.fail("files", "plain file names", name)
+            if not isinstance(record, dict):
+                raise schema.fail(f"files.{name}", "an object", record)
+            size = schema.get(record, "bytes", int, "a byte count")
+            if size < 0:
+                raise schema.fail(f"files.{name}.bytes", "a byte count", size)
+            schema.get(record, "sha256", str, "a hex digest")
+        return manifest
+
+    def file(self, name: str) -> bytes:
+        """The bytes of a file the manifest lists, after checking their size and checksum."""
+        if name in self._verified:
+            return self._verified[name]
+        record = self.manifest["files"].get(name)
+        if record is None:
+            raise RunError(f"{self.folder}/{MANIFEST}: does not list {name}")
+        raw = self._raw(name, record["bytes"])
+        if len(raw) != record["bytes"]:
+            raise RunError(
+                f"{self.folder}/{name}: {len(raw)} bytes, but the manifest says {record['bytes']} — the file was "
+                "truncated or replaced"
+            )
+        if hashlib.sha256(raw).hexdigest() != record["sha256"]:
+            raise RunError(f"{self.folder}/{name}: its checksum does not match the manifest — the file was edited or corrupted")
+        self._verified[name] = raw
+        return raw
+
+    def has(self, name: str) -> bool:
+        return name in self.manifest["files"]
+
+    def json(self, name: str):
+        return _parse_json(self.file(name), self.folder, name)
+
+    def arrays(self) -> dict:
+        return _parse_arrays(self.file(ARRAYS), self.folder)
+
+
+class _Vanished(RunError):
+    """A file listed or expected is not there (possibly a save replaced the folder meanwhile)."""
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+_DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_<>][A-Za-z0-9_<>]*){0,20}")
+_PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+# The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
+_ARRAY_NAME = re.compile(
+    r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_]{1,32}|"
+    r"info/[A-Za-z_][\w.-]{0,99}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99})\.npy"
+)
+
+
+def _parse_json(raw: bytes, folder: Path, name: str):
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise RunError(f"{path}: not valid JSON ({error}) — the file was truncated or edited") from None
+        return json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError, ValueError) as error:
+        reason = "nested too deeply" if isinstance(error, RecursionError) else str(error)[:200]
+        raise RunError(f"{folder}/{name}: not valid JSON ({reason}) — the file was truncated or edited") from None
 
 
-def _check_manifest(folder: Path) -> dict:
-    if not folder.is_dir():
-        leftovers = sorted(folder.parent.glob(f".{folder.name}.old-*")) if folder.parent.is_dir() else []
-        if leftovers:
-            raise RunError(
-                f"{folder} is missing, but a save over it was cut short: the previous run is intact at {leftovers[-1]}; "
-                f"rename it back to {folder.name}"
-            )
-        raise RunError(f"{folder} is not a folder; a saved run is a folder written by Posterior.save or ppl fit")
-    if not (folder / MANIFEST).is_file():
-        if (folder / META).is_file():
-            raise RunError(
-                f"{folder}: {MANIFEST} is missing — the run was written by an older ppl (format 1), or its save "
-                "was interrupted before it was committed; re-fit it with this version"
-            )
-        raise RunError(f"{folder} is not a saved ppl run (no {MANIFEST}); save one with post.save(path)")
-    manifest = _read_json(folder, MANIFEST)
-    schema = _Schema(folder, MANIFEST)
-    if not isinstance(manifest, dict):
-        raise schema.fail("(top level)", "an object", manifest)
-    if manifest.get("format") != FORMAT:
-        raise schema.fail("format", repr(FORMAT), manifest.get("format"))
-    version = manifest.get("format_version")
-    if version != FORMAT_VERSION:
-        raise RunError(
-            f"{folder}/{MANIFEST}: run format version {version!r}, but this ppl reads version {FORMAT_VERSION}; "
-            "load it with the ppl version that wrote it, or re-fit"
-        )
-    files = schema.get(manifest, "files", dict, "an object of file records")
-    for required in (META, ARRAYS):
-        if required not in files:
-            raise RunError(f"{folder}/{MANIFEST}: does not list {required} — the folder is not a complete run")
-    for name, record in files.items():
-        if not isinstance(name, str) or "/" in name or name.startswith("."):
-            raise schema.fail("files", "plain file names", name)
-        if not isinstance(record, dict):
-            raise schema.fail(f"files.{name}", "an object", record)
-        size = schema.get(record, "bytes", int, "a byte count")
-        digest = schema.get(record, "sha256", str, "a hex digest")
-        path = folder / name
-        if not path.is_file():
-            raise RunError(f"{path} is missing — the run folder is incomplete")
-        if path.stat().st_size != size:
-            raise RunError(
-                f"{path}: {path.stat().st_size} bytes, but the manifest says {size} — the file was truncated or replaced"
-            )
-        if _sha256(path) != digest:
-            raise RunError(f"{path}: its checksum does not match the manifest — the file was edited or corrupted")
-    return manifest
-
-
-def _read_arrays(folder: Path) -> dict:
-    path = folder / ARRAYS
+def _parse_arrays(raw: bytes, folder: Path) -> dict:
+    """The arrays of a verified arrays.npz, each member checked before a byte of it is allocated:
+    a known name, stored uncompressed (so the file's size bounds the memory), a plain numeric
+    dtype, and a header whose shape matches the member's size."""
+    where = f"{folder}/{ARRAYS}"
+    arrays = {}
     try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {key: npz[key] for key in npz.files}
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError, KeyError) as error:
-        raise RunError(f"{path}: cannot be read as saved arrays ({error}) — the file was truncated or edited") from None
-    for key, value in arrays.items():
-        if value.dtype.kind not in "biuf":
-            raise RunError(f"{path}: array {key!r} has dtype {value.dtype}, which a run never stores")
+        with zipfile.ZipFile(io.BytesIO(raw)) as archive:
+            for member in archive.infolist():
+                if not _ARRAY_NAME.fullmatch(member.filename):
+                    raise RunError(f"{where}: unexpected member {member.filename[:100]!r}; a run never stores it")
+                if member.compress_type != zipfile.ZIP_STORED or member.file_size != member.compress_size:
+                    raise RunError(f"{where}: member {member.filename!r} is compressed; a run stores arrays as they are")
+                with archive.open(member) as handle:
+                    version = np.lib.format.read_magic(handle)
+                    if version == (1, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle)
+                    elif version == (2, 0):
+                        shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
+                    else:
+                        raise RunError(f"{where}: member {member.filename!r} has an unknown array format {version}")
+                    if dtype.kind not in "biuf" or dtype.hasobject:
+                        raise RunError(f"{where}: array {member.filename!r} has dtype {dtype}, which a run never stores")
+                    count = math.prod(shape)
+                    if count * dtype.itemsize != member.file_size - handle.tell():
+                        raise RunError(
+                            f"{where}: array {member.filename!r} declares shape {list(shape)} but holds "
+                            f"{member.file_size - handle.tell()} bytes — the file was edited"
+                        )
+                    data = handle.read()
+                array = np.frombuffer(data, dtype=dtype).reshape(shape, order="F" if fortran else "C").copy()
+                arrays[member.filename[: -len(".npy")]] = array
+    except RunError:
+        raise
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError, TypeError, SyntaxError) as error:
+        raise RunError(f"{where}: cannot be read as saved arrays ({str(error)[:200]}) — the file was truncated or edited") from None
     return arrays
+
+
+def _open_snapshot(path) -> _Snapshot:
+    return _Snapshot(Path(path))
+
+
+def _with_snapshot(path, read):
+    """``read(snapshot)``, retried when a concurrent save replaced the folder while it was read."""
+    for attempt in range(3):
+        snapshot = _open_snapshot(path)
+        try:
+            return read(snapshot)
+        except _Vanished:
+            if attempt == 2:
+                raise
+        finally:
+            snapshot.close()
 
 
 def read_run_meta(path) -> tuple[dict, dict | None, dict]:
     """(checked posterior.json, diagnostics record or None, manifest) of a run folder; imports nothing."""
-    folder = Path(path)
-    manifest = _check_manifest(folder)
-    meta = _read_json(folder, META)
+    return _with_snapshot(path, lambda snapshot: (*_read_meta(snapshot), snapshot.manifest))
+
+
+def read_run_files(path, extras: tuple = ()) -> tuple[dict, dict | None, dict]:
+    """(checked posterior.json, diagnostics record or None, {name: parsed JSON} of the ``extras`` the
+    manifest lists), all from one consistent snapshot of the folder, after checking the size and
+    checksum of every file it lists; imports nothing."""
+
+    def read(snapshot):
+        for name in snapshot.manifest["files"]:
+            snapshot.file(name)
+        meta, diagnostics = _read_meta(snapshot)
+        return meta, diagnostics, {name: snapshot.json(name) for name in extras if snapshot.has(name)}
+
+    return _with_snapshot(path, read)
+
+
+# Types of the info entries that diagnostics read (others are kept as they are).
+_INFO_TYPES = {
+    "divergences": int, "tree_depth_hits": int, "max_tree_depth": int, "leapfrog_cap_hits": int,
+    "max_leapfrog_steps": int, "chains_done": int, "interrupted": bool, "closed_form": bool,
+    "converged": (bool, type(None)), "convergence": str, "failed": str, "log_evidence": (int, float),
+    "loss_change": (int, float, type(None)), "final_loss": (int, float, type(None)),
+}
+# Types of every Diagnostics field, as read back from diagnostics.json.
+_NUMBER = (int, float, type(None))
+_DIAGNOSTIC_TYPES = {
+    "method": str, "num_chains": int, "num_draws": int, "rhat_max": _NUMBER, "rhat_function_max": _NUMBER,
+    "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
+    "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
+    "loo_khat_max": _NUMBER, "elpd_loo": _NUMBER, "elbo": _NUMBER, "log_evidence": _NUMBER,
+    "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict,
+}
+
+
+def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
+    folder = snapshot.folder
+    meta = snapshot.json(META)
     schema = _Schema(folder, META)
     if not isinstance(meta, dict):
         raise schema.fail("(top level)", "an object", meta)
@@ -491,17 +702,28 @@ def read_run_meta(path) -> tuple[dict, dict | None, dict]:
         if not 0 <= leaves <= 100_000:
             raise schema.fail("resume.num_leaves", "a count", leaves)
     if meta["has_posterior"]:
-        schema.get(meta, "method", str, "a method name")
+        if not _IDENTIFIER.fullmatch(schema.get(meta, "method", str, "a method name")):
+            raise schema.fail("method", "a method name", meta["method"])
         schema.scalar_tree("options", schema.get(meta, "options", dict, "an object"))
         seed = schema.get(meta, "seed", (int, list), "an int or a key", optional=True)
-        if isinstance(seed, list) and not (len(seed) == 2 and all(isinstance(v, int) for v in seed)):
-            raise schema.fail("seed", "an int or two ints", seed)
+        if isinstance(seed, list) and not (len(seed) == 2 and all(isinstance(v, int) and 0 <= v < 2**32 for v in seed)):
+            raise schema.fail("seed", "an int or two 32-bit ints", seed)
+        if isinstance(seed, int) and not 0 <= seed < 2**32:
+            raise schema.fail("seed", "an int in [0, 2**32)", seed)
         schema.get(meta, "wall_time_s", (int, float), "a number")
-        schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
+        info = schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
+        for key, kinds in _INFO_TYPES.items():
+            if key in info and (not isinstance(info[key], kinds) or (isinstance(info[key], bool) and bool not in (
+                    kinds if isinstance(kinds, tuple) else (kinds,)))):
+                raise schema.fail(f"info.{key}", f"of type {kinds}", info[key])
         model = schema.get(meta, "model", dict, "an object")
         schema.scalar_tree("model", model)
         if model.get("kind") not in ("declarative", "function"):
             raise schema.fail("model.kind", "'declarative' or 'function'", model.get("kind"))
+        if model["kind"] == "function":
+            for field in ("module", "qualname"):
+                if not isinstance(model.get(field), str) or not _DOTTED.fullmatch(model[field]):
+                    raise schema.fail(f"model.{field}", "a dotted Python name", model.get(field))
         for item in schema.get(meta, "static_kwargs", list, "a list"):
             if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str) and isinstance(item[2], bool)):
                 raise schema.fail("static_kwargs", "[name, value, was_tuple] triples", item)
@@ -523,12 +745,25 @@ def read_run_meta(path) -> tuple[dict, dict | None, dict]:
             if schema.get(meta, field, int, "a positive count") < 1:
                 raise schema.fail(field, "a positive count", meta[field])
     diagnostics = None
-    if DIAGNOSTICS in manifest["files"]:
-        diagnostics = _read_json(folder, DIAGNOSTICS)
+    if snapshot.has(DIAGNOSTICS):
+        diagnostics = snapshot.json(DIAGNOSTICS)
+        check = _Schema(folder, DIAGNOSTICS)
         if not isinstance(diagnostics, dict):
-            raise _Schema(folder, DIAGNOSTICS).fail("(top level)", "an object", diagnostics)
-        diagnostics = _unjson(_Schema(folder, DIAGNOSTICS).scalar_tree("(record)", diagnostics))
-    return meta, diagnostics, manifest
+            raise check.fail("(top level)", "an object", diagnostics)
+        diagnostics = _unjson(check.scalar_tree("(record)", diagnostics))
+        unknown = sorted(set(diagnostics) - set(_DIAGNOSTIC_TYPES))
+        if unknown:
+            raise check.fail("(fields)", "Diagnostics fields only", unknown)
+        for field, kinds in _DIAGNOSTIC_TYPES.items():
+            value = diagnostics.get(field)
+            allowed = kinds if isinstance(kinds, tuple) else (kinds,)
+            if field not in diagnostics or not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+                raise check.fail(field, f"of type {'/'.join(k.__name__ for k in allowed)}", value)
+        if not all(isinstance(w, str) for w in diagnostics["warnings"]):
+            raise check.fail("warnings", "a list of strings", diagnostics["warnings"])
+        if not all(isinstance(v, str) for v in diagnostics["notes"].values()):
+            raise check.fail("notes", "an object of strings", diagnostics["notes"])
+    return meta, diagnostics
 
 
 def _diagnostics_from(record: dict, folder: Path):
@@ -591,12 +826,28 @@ def _import_program(record: dict, folder: Path):
 
 def load_run(path, *, model=None, trust: bool = False):
     """(Posterior or None, ResumeState or None, meta) of a run folder. See :func:`load`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise RunError(f"a run folder is a path (str or pathlib.Path), got {type(path).__name__}")
+    return _with_snapshot(path, lambda snapshot: _load_from(snapshot, model, trust))
+
+
+def _declared_num_params(model, X) -> int:
+    """How many parameters a declarative model has on inputs X, from its configuration alone.
+
+    Checked against the saved layout before the model is run: a configuration edited to huge
+    widths is refused without allocating anything.
+    """
+    total = sum(layer.fan_in * layer.fan_out + (layer.fan_out if layer.bias else 0) for layer in model.layers(X.shape[-1]))
+    return total + (1 if model.likelihood == "gaussian" and model.noise_scale is None else 0)
+
+
+def _load_from(snapshot: _Snapshot, model, trust: bool):
     from ppl._posterior import Posterior
     from ppl._problem import compile_problem
 
-    folder = Path(path)
-    meta, diagnostics, _ = read_run_meta(folder)
-    arrays = _read_arrays(folder)
+    folder = snapshot.folder
+    meta, diagnostics = _read_meta(snapshot)
+    arrays = snapshot.arrays()
     resume = _resume_state(meta, arrays, folder)
     if not meta["has_posterior"]:
         return None, resume, meta
@@ -609,11 +860,17 @@ def load_run(path, *, model=None, trust: bool = False):
             raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
         from ppl.models import from_config
 
+        data = (_check_array(folder, arrays, "data/X"), _check_array(folder, arrays, "data/y", kinds="biuf"))
         try:
             model = from_config(record)
-        except (ValueError, TypeError, KeyError) as error:
+            declared = _declared_num_params(model.bind(*data), data[0]) if data[0].ndim == 2 else -1
+        except (ValueError, TypeError, KeyError, DataError) as error:
             raise RunError(f"{folder}/{META}: the model configuration is invalid ({error})") from None
-        data = (_check_array(folder, arrays, "data/X"), _check_array(folder, arrays, "data/y", kinds="biuf"))
+        if declared != num_params:
+            raise RunError(
+                f"{folder}/{META}: the model configuration describes {declared} parameters on the saved data, but "
+                f"the saved draws have {num_params} — the file was edited"
+            )
     else:
         data = {k[len("data/"):]: v for k, v in arrays.items() if k.startswith("data/")}
         if model is None and trust:

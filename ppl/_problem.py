@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from numpyro import handlers
 from numpyro.distributions import ImproperUniform, biject_to
 from numpyro.infer.initialization import init_to_uniform
@@ -331,9 +332,16 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
 
     if tempering not in TEMPERINGS:
         raise OptionError(f"tempering={tempering!r} is not one of {TEMPERINGS}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not (
-        math.isfinite(temperature) and temperature > 0
-    ):
+    try:
+        valid = (
+            not isinstance(temperature, (bool, np.bool_))
+            and isinstance(temperature, (int, float, np.integer, np.floating))
+            and math.isfinite(float(temperature))
+            and temperature > 0
+        )
+    except OverflowError:  # an int beyond float range
+        valid = False
+    if not valid:
         raise OptionError(f"temperature must be a positive finite number, got {temperature!r}")
 
     if isinstance(model, SupervisedModel):

@@ -135,14 +135,30 @@ def _invocation(args) -> dict:
     }
 
 
+def _valid_invocation(saved) -> bool:
+    def text_or_none(value):
+        return value is None or (isinstance(value, str) and len(value) < 4096)
+
+    return (
+        isinstance(saved, dict)
+        and set(saved) == {"model", "data", "target", "method", "seed", "set"}
+        and saved["model"] in MODELS
+        and isinstance(saved["data"], str)
+        and text_or_none(saved["target"])
+        and text_or_none(saved["method"])
+        and isinstance(saved["seed"], int) and not isinstance(saved["seed"], bool) and 0 <= saved["seed"] < 2**32
+        and isinstance(saved["set"], list) and all(isinstance(item, str) for item in saved["set"])
+    )
+
+
 def _apply_resume(args) -> None:
     """Fill the fit's arguments from the run being resumed; refuse any given one that differs."""
-    from ppl._io import _read_json, read_run_meta
+    from ppl._io import read_run_files
 
     folder = Path(args.resume)
-    read_run_meta(folder)  # the manifest and checksums, before anything is trusted
-    saved = _read_json(folder, INVOCATION) if (folder / INVOCATION).is_file() else None
-    if not isinstance(saved, dict) or set(saved) != set(_invocation(args)):
+    _, _, extras = read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
+    saved = extras.get(INVOCATION)
+    if not _valid_invocation(saved):
         raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
     differences = []
     for key, value in saved.items():
@@ -159,7 +175,7 @@ def _apply_resume(args) -> None:
 
 def _fit(args) -> int:
     import ppl
-    from ppl import _io, _progress
+    from ppl import _interrupt, _io, _progress
     from ppl.inference import registry
 
     if args.resume:
@@ -176,7 +192,9 @@ def _fit(args) -> int:
     _check_out(out)
     _progress.enable(not args.no_progress)
     invocation = _invocation(args)
-    with _io.run_lock(out):
+    # From here to the save, a first Ctrl-C only asks the running loop to stop: the result reached
+    # is still diagnosed and saved. A second one skips to saving what there is.
+    with _io.run_lock(out), _interrupt.guard():
         if args.resume is None and (out / "manifest.json").is_file():
             _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
         target = _io.RunTarget(out, {INVOCATION: invocation})
@@ -197,10 +215,18 @@ def _fit(args) -> int:
                 _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
                 print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
             raise
-        diagnostics = posterior.diagnostics()
-        metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
-        record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
-        _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record})
+        try:
+            diagnostics = posterior.diagnostics()
+            # An interrupted run is saved at once: test metrics of a partial result can wait.
+            interrupted = posterior.info.get("interrupted") or _interrupt.requested()
+            metrics = {} if interrupted else ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+            record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
+            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record})
+        except KeyboardInterrupt:
+            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
+            print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
+                  file=sys.stderr)
+            return 130
     _print_run(record, diagnostics)
     print(f"saved to {out}")
     if posterior.info.get("interrupted"):
@@ -240,38 +266,60 @@ def _print_run(record: dict, diagnostics) -> None:
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
         shown = f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
-        table.add_row(Text(str(key)), Text(shown))
+        table.add_row(Text(_safe(key)), Text(_safe(shown)))
     console.print(table)
+
+
+def _safe(text) -> str:
+    """Text read from a run folder, with control characters (terminal escapes) shown escaped."""
+    return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in str(text))
 
 
 def _show(args) -> int:
     """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
-    from ppl._io import _read_json, _diagnostics_from, read_run_meta
+    from ppl._io import _diagnostics_from, read_run_files
 
     path = Path(args.path)
-    meta, diagnostics, manifest = read_run_meta(path)
+    meta, diagnostics, extras = read_run_files(path, ("summary.json",))
     status = meta["status"]
     if not meta["has_posterior"]:
         progress = (meta.get("resume") or {}).get("progress")
-        print(f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}")
+        print(_safe(f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}"))
         return 0
     model = meta["model"]
-    described = model.get("class") if model["kind"] == "declarative" else f"program {model['module']}.{model['qualname']}"
+    if model["kind"] == "declarative":
+        from ppl.models import from_config
+
+        try:
+            from_config(model)  # the same check ppl.load makes, without running anything
+        except (ValueError, TypeError, KeyError) as error:
+            raise RunError(f"{path}/posterior.json: the model configuration is invalid ({error})") from None
+        described = model["class"]
+    else:
+        described = f"program {model['module']}.{model['qualname']}"
     sites = ", ".join(f"{name}{tuple(shape)}" for name, shape, _ in meta["sites"])
-    print(f"{path}: {meta['method']} on {described} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, "
-          f"status {status}")
-    print(f"sites: {sites}")
-    print(f"options: {meta['options']}")
+    lines = [
+        f"{path}: {meta['method']} on {described} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, "
+        f"status {status}",
+        f"sites: {sites}",
+        f"options: {meta['options']}",
+    ]
     if meta.get("resume"):
-        print(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
-    summary = _read_json(path, "summary.json") if "summary.json" in manifest["files"] else None
-    record = None if diagnostics is None else _diagnostics_from(diagnostics, path)
+        lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
+    print(_safe("\n".join(lines)))
+    summary = extras.get("summary.json")
+    record = None if diagnostics is None else _diagnostics_from(
+        {k: _safe(v) if isinstance(v, str) else v for k, v in diagnostics.items()}, path
+    )
+    if record is not None:
+        record.warnings = [_safe(w) for w in record.warnings]
+        record.notes = {_safe(k): _safe(v) for k, v in record.notes.items()}
     if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) and record is not None:
-        _print_run(summary, record)
+        _print_run({k: _safe(v) if isinstance(v, str) else v for k, v in summary.items()}, record)
     elif record is not None:
         print(record)
     else:
-        print(f"no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint'})")
+        print(_safe(f"no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'})"))
     return 0
 
 
@@ -304,6 +352,9 @@ def main(argv=None) -> int:
     except NonFiniteError as error:
         print(f"ppl {args.command}: training failed: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"ppl {args.command}: interrupted before there was anything to save", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

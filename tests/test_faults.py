@@ -150,10 +150,15 @@ def test_format_version_mismatch_names_both_versions(saved_run):
 
 def test_save_replaces_a_run_whole_and_refuses_other_folders(tmp_path, saved_run, linear_model, linear_data):
     folder, post = saved_run
-    (folder / "summary.json").write_text("{}")  # a stale file from another writer
+    _io.save_posterior(post, folder, extra_files={"summary.json": {"metrics": {}}})  # as ppl fit writes it
     other = ppl.fit(linear_model, linear_data.train, method="map", seed=1)
     other.save(folder)
     assert not (folder / "summary.json").exists()  # no stale file survives a replacement
+    (folder / "my_notes.txt").write_text("mine")
+    with pytest.raises(ppl.RunError, match="not part of its run.*my_notes.txt"):
+        post.save(folder)  # a file ppl did not write is never deleted
+    assert (folder / "my_notes.txt").read_text() == "mine" and ppl.load(folder).method == "map"
+    (folder / "my_notes.txt").unlink()
     assert ppl.load(folder).method == "map"
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run.") and "lock" not in p.name) == []
     notes = tmp_path / "notes"
@@ -347,7 +352,8 @@ SIGINT_SCRIPT = textwrap.dedent(
     import sys
     from ppl.cli import main
     sys.exit(main(["fit", "--model", "bnn", "--data", "digits", "--method", "nuts", "--set", "num_samples=20000",
-                   "--set", "num_chains=1", "--set", "hidden=16", "--out", sys.argv[1], "--no-progress"]))
+                   "--set", "num_warmup=50", "--set", "num_chains=1", "--set", "hidden=16", "--out", sys.argv[1],
+                   "--checkpoint-every", "20", "--no-progress"]))
     """
 )
 
@@ -358,7 +364,18 @@ def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
     script = tmp_path / "fit.py"
     script.write_text(SIGINT_SCRIPT)
     child = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    time.sleep(25)  # past compilation, well into sampling of the one long chain
+    # Wait for a checkpoint that holds draws: the one long chain is then sampling.
+    deadline = time.perf_counter() + 300
+    while time.perf_counter() < deadline:
+        try:
+            if _io.read_run_meta(out)[0]["has_posterior"]:
+                break
+        except ppl.RunError:
+            pass
+        time.sleep(0.5)
+    else:
+        child.kill()
+        pytest.fail("the run never reached sampling")
     pressed = time.perf_counter()
     child.send_signal(signal.SIGINT)
     _, err = child.communicate(timeout=120)
@@ -594,3 +611,164 @@ def test_hmc_on_a_badly_scaled_posterior_finishes_and_says_why(linear_data):
     assert post.info["leapfrog_cap_hits"] > 0
     diag = post.diagnostics()
     assert not diag.ok and any("leapfrog steps" in w for w in diag.warnings)
+
+
+# -- review findings: hostile folders, races, edited checkpoints ------------------------------------
+def _reseal_with(folder: Path, name: str, data: bytes) -> None:
+    (folder / name).write_bytes(data)
+    reseal(folder)
+
+
+def test_a_folder_with_someone_elses_manifest_is_never_replaced(tmp_path, linear_model, linear_data):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "manifest.json").write_text('{"name": "app"}')
+    (site / "index.html").write_text("precious")
+    post = ppl.fit(linear_model, linear_data.train, method="map", seed=0)
+    with pytest.raises(ppl.RunError, match="not a ppl run folder"):
+        post.save(site)
+    assert (site / "index.html").read_text() == "precious"
+
+
+def test_symlinks_inside_a_run_folder_are_refused(saved_run, tmp_path):
+    folder, _ = saved_run
+    outside = tmp_path / "elsewhere.json"
+    outside.write_bytes((folder / "diagnostics.json").read_bytes())
+    (folder / "diagnostics.json").unlink()
+    (folder / "diagnostics.json").symlink_to(outside)
+    with pytest.raises(ppl.RunError, match="symbolic link"):
+        ppl.load(folder)
+
+
+@pytest.mark.parametrize("attack", ["compressed", "unknown_member", "lying_header"])
+def test_array_archives_are_checked_before_anything_is_allocated(saved_run, attack):
+    import io
+    import zipfile
+
+    folder, _ = saved_run
+    original = (folder / "arrays.npz").read_bytes()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(original)) as source, zipfile.ZipFile(buffer, "w") as target:
+        for member in source.infolist():
+            target.writestr(member, source.read(member))
+        if attack == "compressed":
+            bomb = io.BytesIO()
+            np.save(bomb, np.zeros(2**20))
+            target.writestr(zipfile.ZipInfo("info/bomb.npy"), bomb.getvalue(), compress_type=zipfile.ZIP_DEFLATED)
+        elif attack == "unknown_member":
+            target.writestr("evil.npy", b"x")
+        else:
+            header = io.BytesIO()
+            np.lib.format.write_array_header_1_0(header, {"descr": "<f8", "fortran_order": False, "shape": (10**7, 10**7)})
+            target.writestr("info/huge.npy", header.getvalue() + b"\0" * 64)
+    _reseal_with(folder, "arrays.npz", buffer.getvalue())
+    with pytest.raises(ppl.RunError, match="arrays.npz: (member .* is compressed|unexpected member|array .* declares shape)"):
+        ppl.load(folder)
+
+
+def test_a_config_edited_to_huge_widths_is_refused_before_the_model_runs(tmp_path):
+    data = ppl.datasets.load("breast_cancer", seed=0)
+    post = ppl.fit(BNN(hidden=(4,), likelihood="bernoulli"), data.train, method="map", seed=0, steps=20)
+    post.save(tmp_path / "r")
+    meta = json.loads((tmp_path / "r" / "posterior.json").read_text())
+    meta["model"]["fields"]["hidden"] = [20000, 20000]
+    (tmp_path / "r" / "posterior.json").write_text(json.dumps(meta))
+    reseal(tmp_path / "r")
+    started = time.perf_counter()
+    with pytest.raises(ppl.RunError, match=r"describes \d+ parameters .* the saved draws have 129"):
+        ppl.load(tmp_path / "r")
+    assert time.perf_counter() - started < 5.0
+
+
+def test_deeply_nested_json_is_a_clear_error(saved_run):
+    folder, _ = saved_run
+    _reseal_with(folder, "diagnostics.json", b"[" * 100_000 + b"]" * 100_000)
+    with pytest.raises(ppl.RunError, match="diagnostics.json: not valid JSON"):
+        ppl.load(folder)
+
+
+def test_show_escapes_terminal_control_sequences(saved_run, capsys):
+    folder, _ = saved_run
+    record = json.loads((folder / "diagnostics.json").read_text())
+    record["warnings"] = ["\x1b]0;PWNED\x07\x1b[2J"]
+    _reseal_with(folder, "diagnostics.json", json.dumps(record).encode())
+    assert main(["show", str(folder)]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out
+
+
+LOAD_RACE_SCRIPT = textwrap.dedent(
+    """
+    import sys, jax
+    jax.config.update("jax_enable_x64", True)
+    import ppl
+    from ppl.models import LinearRegression
+    data = ppl.datasets.load("linear", seed=0)
+    runs = [ppl.fit(LinearRegression(noise_scale=0.5), data.train, method="exact", seed=s, num_draws=2000) for s in (1, 2)]
+    runs[0].save(sys.argv[1])
+    print("ready", flush=True)
+    while True:
+        for post in runs:
+            post.save(sys.argv[1])
+    """
+)
+
+
+def test_loading_while_another_process_saves_never_mixes_two_runs(tmp_path, linear_model, linear_data):
+    folder = tmp_path / "run"
+    script = tmp_path / "saver.py"
+    script.write_text(LOAD_RACE_SCRIPT)
+    expected = {s: ppl.fit(linear_model, linear_data.train, method="exact", seed=s, num_draws=2000).flat_draws for s in (1, 2)}
+    child = subprocess.Popen([sys.executable, str(script), str(folder)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        loads, deadline = 0, time.perf_counter() + 8.0
+        while time.perf_counter() < deadline:
+            post = ppl.load(folder)  # never an error, never one run's metadata with the other's draws
+            np.testing.assert_array_equal(post.flat_draws, expected[post.seed])
+            loads += 1
+        assert loads > 5
+    finally:
+        child.kill()
+        child.wait()
+        child.stdout.close()
+
+
+def test_an_edited_checkpoint_that_drops_a_chain_state_is_refused(monkeypatch, tmp_path, linear_model, linear_data):
+    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    _interrupt_after(monkeypatch, 20)
+    part = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
+    monkeypatch.undo()
+    part.save(tmp_path / "p")
+    meta = json.loads((tmp_path / "p" / "posterior.json").read_text())
+    meta["resume"]["progress"]["state_chains"] = []
+    (tmp_path / "p" / "posterior.json").write_text(json.dumps(meta))
+    reseal(tmp_path / "p")
+    with pytest.raises(ppl.ResumeError, match="chains \\[0\\] have started"):
+        ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, resume=tmp_path / "p", **NUTS)
+
+
+def test_an_edited_invocation_is_refused_on_resume(tmp_path, monkeypatch, capsys):
+    common = ["--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=400", "--no-progress"]
+    _interrupt_after(monkeypatch, 3)
+    assert main(["fit", *common, "--out", str(tmp_path / "cut")]) == 130
+    monkeypatch.undo()
+    invocation = json.loads((tmp_path / "cut" / "invocation.json").read_text())
+    invocation["model"] = "evil"
+    _reseal_with(tmp_path / "cut", "invocation.json", json.dumps(invocation).encode())
+    assert main(["fit", "--resume", str(tmp_path / "cut")]) == 2
+    assert "no valid invocation.json" in capsys.readouterr().err
+
+
+def test_a_delta_guide_that_barely_moved_is_not_converged(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="svi", guide="delta", learning_rate=1e-5, seed=0)
+    assert post.info["converged"] is False and "gradient" in post.info["convergence"]
+    assert not post.diagnostics().ok
+
+
+def test_one_short_chain_of_a_network_is_not_ok():
+    data = ppl.datasets.load("breast_cancer", seed=0)
+    post = ppl.fit(BNN(hidden=(8,), likelihood="bernoulli"), data.train, method="nuts", seed=0,
+                   num_chains=1, num_warmup=5, num_samples=30)
+    diag = post.diagnostics()
+    assert not diag.ok and any("function-space bulk ESS" in w for w in diag.warnings)
