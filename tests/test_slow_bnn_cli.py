@@ -23,7 +23,9 @@ def test_bnn_nuts_on_breast_cancer_through_the_cli(tmp_path):
     )
     elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
-    assert elapsed < 180, f"took {elapsed:.0f} s"
+    # On 2 CPU cores the four chains take about 175 s (the chunked driver and the previous single-program
+    # one measured 177.6 s and 175.1 s in one session); the bound catches a real slowdown, not noise.
+    assert elapsed < 360, f"took {elapsed:.0f} s"
     assert "rhat_max" in result.stdout and "rhat_function_max" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     diagnostics = summary["diagnostics"]
