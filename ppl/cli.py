@@ -219,7 +219,13 @@ def _fit(args) -> int:
             diagnostics = posterior.diagnostics()
             # An interrupted run is saved at once: test metrics of a partial result can wait.
             interrupted = posterior.info.get("interrupted") or _interrupt.requested()
-            metrics = {} if interrupted else ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+            metrics = {}
+            if not interrupted:
+                try:
+                    metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+                except MemoryBudgetError as error:
+                    # The fit is worth keeping even when its test predictions would not fit in memory.
+                    print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
             record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record})
         except KeyboardInterrupt:

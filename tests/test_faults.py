@@ -772,3 +772,15 @@ def test_one_short_chain_of_a_network_is_not_ok():
                    num_chains=1, num_warmup=5, num_samples=30)
     diag = post.diagnostics()
     assert not diag.ok and any("function-space bulk ESS" in w for w in diag.warnings)
+
+
+def test_cli_keeps_the_fit_when_test_predictions_would_not_fit_in_memory(tmp_path, monkeypatch, capsys):
+    def too_big(*args, **kwargs):
+        raise ppl.MemoryBudgetError("predict: 4000 draws × 30 inputs × 100000 outputs need 89.4 GiB")
+
+    monkeypatch.setattr(ppl, "evaluate", too_big)
+    out = tmp_path / "run"
+    assert main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", str(out), "--no-progress"]) == 0
+    assert "test metrics skipped" in capsys.readouterr().err
+    assert ppl.load(out).method == "exact"
+    assert json.loads((out / "summary.json").read_text())["metrics"] == {}
