@@ -292,6 +292,10 @@ def from_arrays(kind: str, arrays: dict, dim: int | None = None):
     for name in ("scale", "diag_scale"):
         if name in arrays and not np.all(arrays[name] > 0):
             raise ValueError(f"array {name!r} must be positive")
+    if "scale_tril" in arrays:
+        tril = np.asarray(arrays["scale_tril"])
+        if np.any(np.triu(tril, 1) != 0) or not np.all(np.diag(tril) > 0):
+            raise ValueError("array 'scale_tril' must be lower triangular with a positive diagonal")
     arrays = {k: jnp.asarray(v) for k, v in arrays.items()}
     if kind == "point":
         return PointMass(arrays["loc"])

@@ -784,3 +784,25 @@ def test_cli_keeps_the_fit_when_test_predictions_would_not_fit_in_memory(tmp_pat
     assert "test metrics skipped" in capsys.readouterr().err
     assert ppl.load(out).method == "exact"
     assert json.loads((out / "summary.json").read_text())["metrics"] == {}
+
+
+def test_a_saved_covariance_factor_must_be_a_cholesky_factor(tmp_path, linear_model, linear_data):
+    import io
+    import zipfile
+
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="full_rank", steps=50, num_draws=30)
+    post.save(tmp_path / "r")
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(tmp_path / "r" / "arrays.npz") as source, zipfile.ZipFile(buffer, "w") as target:
+        for member in source.infolist():
+            data = source.read(member)
+            if member.filename == "approximation/scale_tril.npy":
+                array = np.load(io.BytesIO(data))
+                array[0, -1] = 1.0  # no longer lower triangular
+                out = io.BytesIO()
+                np.save(out, array)
+                data = out.getvalue()
+            target.writestr(member, data)
+    _reseal_with(tmp_path / "r", "arrays.npz", buffer.getvalue())
+    with pytest.raises(ppl.RunError, match="lower triangular"):
+        ppl.load(tmp_path / "r")
