@@ -2,7 +2,7 @@
 
     python bench/svi_defaults.py
 
-Both aim at the closed-form mean-field optimum (variances 1/Λ_pp, DESIGN §9). Prints, per run,
+Both aim at the closed-form mean-field optimum (variances 1/Λ_pp). Prints, per run,
 the worst relative variance error and the wall time, and the time ratio ppl / NumPyro.
 """
 

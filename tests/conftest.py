@@ -21,7 +21,7 @@ PRIOR = 1.0
 
 
 def closed_form(X, y, prior_scale=PRIOR, noise_scale=NOISE, temperature=1.0, tempering="likelihood"):
-    """Exact posterior of LinearRegression (bias last), straight from DESIGN §9, and log evidence."""
+    """Exact posterior of LinearRegression (bias last), in closed form (Bishop 2006 §3.3, §3.5), and log evidence."""
     n, d = X.shape
     A = np.hstack([X, np.ones((n, 1))])
     lik = 1.0 / temperature

@@ -91,7 +91,7 @@ def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, lin
 
 
 def test_tuning_numbers_do_not_recompile(linear_model, linear_data):
-    # DESIGN §5: tunable numbers are array arguments. Temperature, learning rate and target
+    # Tunable numbers are array arguments. Temperature, learning rate and target
     # acceptance change values, not compiled programs.
     runs = [
         ("svi", {"steps": 200}, {"learning_rate": 0.02}),

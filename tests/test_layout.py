@@ -1,4 +1,4 @@
-"""The package layout and dependency direction of DESIGN §1, checked by parsing imports."""
+"""The package layout and dependency direction ppl promises, checked by parsing imports."""
 
 from __future__ import annotations
 

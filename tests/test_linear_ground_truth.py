@@ -1,4 +1,4 @@
-"""Every Gaussian-linear ground truth of DESIGN §9: exact, NUTS, SVI full-rank and mean-field."""
+"""Every Gaussian-linear ground truth: exact, NUTS, SVI full-rank and mean-field."""
 
 from __future__ import annotations
 

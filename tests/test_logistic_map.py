@@ -1,4 +1,4 @@
-"""Logistic regression: MAP equals Newton-Raphson (DESIGN §9)."""
+"""Logistic regression: MAP equals Newton-Raphson."""
 
 from __future__ import annotations
 

@@ -133,7 +133,7 @@ def test_compare_tabulates_methods(linear_model, linear_data):
 
 
 def test_chains_spread_over_devices_give_the_same_draws(tmp_path):
-    # DESIGN §8: chains map onto devices. Four CPU host devices in a subprocess must reproduce the
+    # Chains map onto devices. Four CPU host devices in a subprocess must reproduce the
     # one-device draws exactly (each chain is the same compiled program wherever it runs).
     import subprocess
     import sys

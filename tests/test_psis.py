@@ -1,4 +1,4 @@
-"""PSIS k-hat sign convention (DESIGN §3)."""
+"""PSIS k-hat sign convention."""
 
 from __future__ import annotations
 
