@@ -262,11 +262,7 @@ def ebfmi(energy: np.ndarray) -> np.ndarray:
 
 
 def _nonfinite_draws(posterior) -> int:
-    flat = posterior.flat_draws if posterior.flat_draws is not None else None
-    if flat is None:
-        return 0
-    flat = np.asarray(flat)
-    return int(np.sum(~np.all(np.isfinite(flat), axis=-1)))
+    return int(np.sum(~np.all(np.isfinite(np.asarray(posterior.flat_draws)), axis=-1)))
 
 
 def _stuck_chains(posterior) -> list[int]:

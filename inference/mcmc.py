@@ -299,7 +299,7 @@ class _MCMC(Method):
             bad = ~(np.all(np.isfinite(rows["z"]), axis=1) & np.isfinite(rows["energy"]))
             if bad.any():
                 first = int(np.flatnonzero(bad)[0])
-                sites = _sites_of(problem, ~np.isfinite(rows["z"][first]))
+                sites = problem.sites_of(~np.isfinite(rows["z"][first]))
                 error = NonFiniteError(
                     f"{self.name}: chain {c} reached a non-finite state at step {start + first} "
                     f"({'warmup' if start + first < self.num_warmup else 'sampling'}; non-finite: "
@@ -366,7 +366,7 @@ class _MCMC(Method):
     def _partial(self, problem, records, done, lanes_by_chain, saved_states):
         """(Posterior of the draws so far or None, ResumeState to continue from)."""
         total = self.num_warmup + self.num_samples
-        joined = {c: {name: _concat(parts, name) for name, parts in rec.items()} for c, rec in records.items()}
+        joined = {c: {name: _concat(parts) for name, parts in rec.items()} for c, rec in records.items()}
         counts = [joined[c]["z"].shape[0] if joined[c]["z"] is not None else 0 for c in joined]
         complete = [c for c in joined if done[c] >= total]
         if complete:
@@ -379,19 +379,14 @@ class _MCMC(Method):
             posterior = self._posterior(problem, [{k: v[:length] for k, v in joined[c].items()} for c in use],
                                         lanes_by_chain, use, saved_states, done)
         states, state_chains = [], []
-        if self.chain_method == "vectorized":
-            lane = lanes_by_chain.get(0)
-            state = lane.state if lane is not None else saved_states.get(0)
-            if state is not None and any(done):
+        # A vectorized run keeps one batched state (under chain 0); a sequential one, one per chain.
+        owners = [0] if self.chain_method == "vectorized" else range(self.num_chains)
+        for c in owners:
+            state = self._state_of(c, lanes_by_chain, saved_states)
+            started = any(done) if self.chain_method == "vectorized" else done[c] > 0
+            if state is not None and started:
                 states.append(state)
-                state_chains.append(0)
-        else:
-            for c in range(self.num_chains):
-                lane = lanes_by_chain.get(c)
-                state = lane.state if lane is not None else saved_states.get(c)
-                if state is not None and done[c] > 0:
-                    states.append(state)
-                    state_chains.append(c)
+                state_chains.append(c)
         leaves = [np.asarray(leaf) for s in states for leaf in jax.tree_util.tree_leaves(jax.device_get(s))]
         arrays = {
             f"chain{c}/{name}": value
@@ -402,14 +397,19 @@ class _MCMC(Method):
         state = ResumeState("mcmc", {"steps_done": list(map(int, done)), "state_chains": state_chains}, leaves, arrays)
         return posterior, state
 
+    def _state_of(self, chain: int, lanes_by_chain: dict, saved_states: dict):
+        """The current kernel state holding ``chain`` (batched for a vectorized run), or None."""
+        lane = lanes_by_chain.get(chain)
+        if lane is not None:
+            return lane.state
+        return saved_states.get(0 if self.chain_method == "vectorized" else chain)
+
     def _posterior(self, problem, rows, lanes_by_chain, use, saved_states, done) -> Posterior:
         stats = {name: np.stack([r[name] for r in rows]) for name in STAT_NAMES}
         total = self.num_warmup + self.num_samples
         step_sizes, inverse_masses = [], []
         for c in use:
-            lane = lanes_by_chain.get(c)
-            state = lane.state if lane is not None else saved_states.get(c if self.chain_method != "vectorized" else 0)
-            adapt = jax.device_get(state.adapt_state)
+            adapt = jax.device_get(self._state_of(c, lanes_by_chain, saved_states).adapt_state)
             step_size, inverse_mass = np.asarray(adapt.step_size), np.asarray(adapt.inverse_mass_matrix)
             if self.chain_method == "vectorized":
                 step_size, inverse_mass = step_size[c], inverse_mass[c]
@@ -439,18 +439,9 @@ class _MCMC(Method):
         return Posterior(method=self.name, problem=problem, flat_draws=stats["z"], info=info)
 
 
-def _concat(parts: list, name: str):
+def _concat(parts: list):
     parts = [p for p in parts if p is not None and len(p)]
     return np.concatenate(parts) if parts else None
-
-
-def _sites_of(problem, bad_columns: np.ndarray) -> list:
-    names, start = [], 0
-    for site in problem.sites:
-        if np.any(bad_columns[start : start + site.size]):
-            names.append(site.name)
-        start += site.size
-    return names
 
 
 @dataclass(frozen=True)

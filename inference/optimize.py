@@ -143,13 +143,8 @@ def _nonfinite_sites(params, problem) -> list[str]:
             continue
         label = jax.tree_util.keystr(path) or "params"
         if leaf.shape and leaf.shape[0] == problem.num_params:
-            bad = np.flatnonzero(~np.all(np.isfinite(leaf.reshape(problem.num_params, -1)), axis=1))
-            start, sites = 0, []
-            for site in problem.sites:
-                if np.any((bad >= start) & (bad < start + site.size)):
-                    sites.append(site.name)
-                start += site.size
-            label += f" (sites {', '.join(sites)})"
+            bad = ~np.all(np.isfinite(leaf.reshape(problem.num_params, -1)), axis=1)
+            label += f" (sites {', '.join(problem.sites_of(bad))})"
         names.append(label)
     return names
 

@@ -83,6 +83,11 @@ def _linearized_variance(problem, mean, sqrt_cov, X):
     return f_mean, jnp.sum(jnp.square(columns), axis=0)
 
 
+def _check_num_samples(n) -> None:
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+
+
 PREDICT_CHUNK_BYTES = 256 * 2**20  # device memory one chunk of inputs may take for its outputs
 
 
@@ -217,8 +222,7 @@ class Posterior:
         return self.approximation is not None and self.approximation.has_density
 
     def _flat_sample(self, n: int, key) -> jax.Array:
-        if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-            raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+        _check_num_samples(n)
         self._attached("sampling")
         if self.has_density:
             return self.approximation.sample(key, int(n))
@@ -231,8 +235,7 @@ class Posterior:
         """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
         resampled from the stored draws for samplers."""
         if self.problem is None and self._detached_sampler:
-            if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-                raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
+            _check_num_samples(n)
             total = self.num_chains * self.num_draws
             index = np.asarray(jax.random.choice(as_key(seed), total, (int(n),), replace=int(n) > total))
             return {k: v.reshape(total, *v.shape[2:])[index] for k, v in self.draws.items()}

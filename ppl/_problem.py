@@ -171,6 +171,15 @@ class Problem:
             start += site.size
         return out
 
+    def sites_of(self, columns) -> list[str]:
+        """Names of the sites that own the flagged entries of a flat-vector mask (P,)."""
+        columns, names, start = np.asarray(columns), [], 0
+        for site in self.sites:
+            if np.any(columns[start : start + site.size]):
+                names.append(site.name)
+            start += site.size
+        return names
+
     def ravel(self, unconstrained: dict) -> jax.Array:
         return jnp.concatenate([jnp.ravel(unconstrained[site.name]) for site in self.sites])
 
