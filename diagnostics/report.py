@@ -8,10 +8,12 @@ from ppl._results import THRESHOLDS, Diagnostics, finite_or_none
 from ppl.diagnostics import _arviz
 from ppl.diagnostics.convergence import max_rhat, min_ess
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
+from scipy.special import logsumexp
 
 __all__ = ["compute_diagnostics", "to_inference_data"]
 
 MIN_PSIS_DRAWS = 20
+IWAE_K = 100  # importance samples per IWAE estimate in Diagnostics.iwae
 MIN_CHAIN_DRAWS = 4  # rank-normalised split R-hat and ESS need at least this many draws per chain
 
 
@@ -162,6 +164,18 @@ def compute_diagnostics(posterior) -> Diagnostics:
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
         record.elbo = finite_or_none(np.mean(log_ratios))
+        groups = log_ratios.size // IWAE_K
+        if groups:
+            # IWAE_K from the stored draws: the mean of log-mean-exp over disjoint groups of K.
+            grouped = np.reshape(log_ratios[: groups * IWAE_K], (groups, IWAE_K))
+            record.iwae = finite_or_none(np.mean(logsumexp(grouped, axis=1) - np.log(IWAE_K)))
+        else:
+            notes["iwae"] = f"IWAE with K={IWAE_K} needs at least {IWAE_K} draws; raise num_draws"
+    elif "elbo_estimate" in info:
+        # A model with local latents: the bounds on log p(D) were estimated after training with
+        # fresh draws of each datum's latents (svi records them).
+        record.elbo = finite_or_none(info["elbo_estimate"])
+        record.iwae = finite_or_none(info["iwae_estimate"])
     if log_ratios is not None and total_draws < MIN_PSIS_DRAWS:
         notes["khat"] = notes["khat_threshold"] = f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws"
     elif log_ratios is not None:
@@ -174,9 +188,16 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 # q is the exact posterior (a closed form): the ratios are constant by construction.
                 record.khat = float("-inf")
                 notes["khat"] = "log p − log q is constant over the draws: q is the exact posterior (closed form)"
+            elif _equals_target(log_ratios, posterior._cache.get("log_q", np.zeros(1))):
+                # q spreads (its own density varies over its draws) and still matches the target up
+                # to a constant at every draw: q is the posterior (a Gaussian guide on a Gaussian
+                # posterior). Importance weights are all equal; there is no tail to fit.
+                record.khat = float("-inf")
+                notes["khat"] = "log p − log q is constant over q's spread-out draws: q equals the posterior"
             else:
-                # Only a closed form matches the target to rounding at every draw; a fitted q that
-                # does is degenerate (draws that do not vary, or a spread collapsed below rounding).
+                # Draws that do not vary (a spread collapsed below rounding) also give constant
+                # ratios; that q is degenerate. So is a target so large in magnitude that its
+                # differences across q's draws fall below float resolution.
                 record.khat = float("inf")
                 notes["khat"] = "log p − log q is constant over the draws: q is degenerate (its spread is ~0)"
                 fail(
@@ -193,7 +214,11 @@ def compute_diagnostics(posterior) -> Diagnostics:
             )
     else:
         reason = "samplers have no density q(θ)" if is_sampler else "a point estimate has no density"
-        notes["khat"] = notes["khat_threshold"] = notes["elbo"] = reason
+        if posterior.problem is not None and posterior.problem.local_sites:
+            reason = "the model has local latents: see ppl.diagnostics.vae_report for per-datum k-hat"
+        notes["khat"] = notes["khat_threshold"] = reason
+        if record.elbo is None:
+            notes["elbo"] = notes["iwae"] = reason
         log_ratios = None
     if "log_evidence" in info:
         record.log_evidence = float(info["log_evidence"])
@@ -314,4 +339,20 @@ def to_inference_data(posterior):
         log_likelihood={} if loglik is None else {name: loglik},
         observed_data=observed,
         dims=_dims(posterior, name),
+    )
+
+
+def _equals_target(log_ratios: np.ndarray, log_q: np.ndarray) -> bool:
+    """Do constant log ratios mean q equals the target? Only if q itself spreads (log q varies over its
+    draws) and the ratios are constant to a small fraction of that variation, in absolute terms: a
+    log density near 1e300 is "constant" relative to itself while meaning nothing."""
+    spread = float(np.ptp(log_q))
+    tolerance = 1e-8 * max(1.0, spread)
+    resolution = 1e-15 * float(np.max(np.abs(log_ratios)))  # what float64 can still tell apart there
+    target_spread = float(np.ptp(np.asarray(log_ratios) + np.asarray(log_q)))
+    return (
+        spread > 1e-6
+        and resolution <= tolerance
+        and float(np.ptp(log_ratios)) <= tolerance
+        and abs(target_spread - spread) <= 1e-6 * spread
     )

@@ -37,6 +37,8 @@ class Method:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # Whether the method serves models with local latents (a VAE's per-datum z) as a whole.
+    supports_local: ClassVar[bool] = False
 
     def __post_init__(self):
         check_option_types(self)

@@ -273,6 +273,10 @@ _FIELDS = {"point": ("loc",), "diagonal": ("loc", "scale"), "low_rank": ("loc", 
 def from_arrays(kind: str, arrays: dict, dim: int | None = None):
     """Rebuild a family saved with ``family.kind`` and ``family.arrays()``, checking every array's
     name, shape and values against the family (``dim``: the flat parameter count, when known)."""
+    if kind == "flow":
+        from ppl.inference.guides import flow_from_arrays
+
+        return flow_from_arrays(arrays, dim if dim is not None else int(np.shape(arrays["shift"])[-1]))
     if kind not in _FIELDS:
         raise ValueError(f"unknown Gaussian family kind {kind!r}; known: {', '.join(_FIELDS)}")
     if set(arrays) != set(_FIELDS[kind]):

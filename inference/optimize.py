@@ -15,6 +15,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -31,7 +32,7 @@ __all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence"
 
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
-INITS = ("prior", "uniform", "zeros")
+INITS = ("prior", "median", "uniform", "zeros")
 CHUNK_CAPACITY = 256  # most steps one compiled chunk can take (chunks are sized to ~0.5 s)
 CONVERGENCE_RTOL = 1e-3  # a last-window loss drop below this fraction of the loss's scale is "settled"
 GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
@@ -63,14 +64,10 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class NegativeLogJoint:
-    """−log p(θ(u), D) without the Jacobian: minimised at the constrained-space MAP.
+    """−log p(θ(u), D) without the Jacobian: minimised at the constrained-space MAP."""
 
-    ``params`` is the flat vector, or a delta guide's ``{"loc": u}``.
-    """
-
-    def __call__(self, params, problem, key, batch):
-        u = params["loc"] if isinstance(params, dict) else params
-        return -problem.log_joint(u, batch)
+    def __call__(self, params, problem, key, batch, step=None):
+        return -problem.log_joint(params, batch)
 
 
 @partial(jax.jit, static_argnames=("config",))
@@ -102,7 +99,7 @@ def _run_chunk(objective, config, capacity, problem, params, opt_state, key, sta
             batch = problem.batch(index)
 
         def loss_fn(p):
-            return objective(p, problem, step_key, batch)
+            return objective(p, problem, step_key, batch, step)
 
         if config.optimizer == "lbfgs":
             value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
@@ -132,6 +129,46 @@ def _run_chunk(objective, config, capacity, problem, params, opt_state, key, sta
 def _full_gradient(objective, problem, params, key):
     value, grad = jax.value_and_grad(lambda p: objective(p, problem, key, None))(params)
     return value, optax.tree_utils.tree_l2_norm(grad)
+
+
+GRADIENT_REPEATS = 32  # independent gradient estimates behind the stochastic stationarity test
+STATIONARITY_ALPHA = 1e-3  # family-wise false-alarm rate of that test at a true optimum
+
+
+@partial(jax.jit, static_argnames=("objective", "repeats"))
+def _gradient_draws(objective, problem, params, key, repeats: int = GRADIENT_REPEATS):
+    """``repeats`` independent full-batch gradient estimates of a stochastic objective, flattened."""
+    def one(k):
+        grad = jax.grad(lambda p: objective(p, problem, k, None))(params)
+        return jax.flatten_util.ravel_pytree(grad)[0]
+
+    return jax.lax.map(one, jax.random.split(key, repeats))
+
+
+def stationarity(objective, problem, params, key, loss_scale: float = 1.0) -> tuple:
+    """Is the expected gradient of a stochastic objective zero at ``params``?
+
+    At an optimum every coordinate of the mean of independent gradient estimates is zero up to
+    Monte Carlo noise: ḡ_i / (s_i / √R) follows Student's t with R − 1 degrees of freedom. Returns
+    (the largest |t| over coordinates, the Bonferroni threshold at family-wise rate
+    ``STATIONARITY_ALPHA``). A run parked on a ridge, where the loss barely moves step to step but
+    the gradient still points one way, fails it. Coordinates whose mean gradient is at rounding
+    level (below ``1e-9 · max(1, |loss|)``) are left out: frozen parameters, and estimators whose
+    noise vanishes at the optimum (DReG when q equals the posterior) where a t-ratio of rounding
+    errors means nothing.
+    """
+    from scipy import stats
+
+    draws = np.asarray(_gradient_draws(objective, problem, params, key))
+    mean, sd = draws.mean(axis=0), draws.std(axis=0, ddof=1)
+    live = np.abs(mean) > 1e-9 * max(1.0, abs(float(loss_scale)))
+    if not np.any(live):
+        return 0.0, float("inf")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = np.abs(mean[live]) / (sd[live] / math.sqrt(draws.shape[0]))
+    t = np.where(np.isnan(t), np.inf, t)
+    threshold = float(stats.t.ppf(1.0 - STATIONARITY_ALPHA / (2 * int(live.sum())), draws.shape[0] - 1))
+    return float(np.max(t)), threshold
 
 
 def _nonfinite_sites(params, problem) -> list[str]:
@@ -252,7 +289,7 @@ def minimize(
 
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
-                     gradient: tuple | None = None, stochastic: bool = True) -> dict:
+                     gradient: tuple | None = None, stochastic: bool = True, stationary: tuple | None = None) -> dict:
     """Judge whether an optimisation run settled, from its loss curve and its final state.
 
     Three tests, each recorded (a run is converged only when none fails):
@@ -260,14 +297,18 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     * it moved: parameters that never left their starting point are a failed run (an overflowed
       loss, a line search that never accepted a step), not a converged one;
     * the loss stopped falling: a least-squares line through the last 20% of the losses must not
-      fall by more than ``CONVERGENCE_RTOL`` of the loss's scale over that window with a slope
-      more than three standard errors below zero (noise-aware, so minibatch and Monte Carlo
-      losses are judged on their trend, not their jitter);
+      have a slope more than three standard errors below zero while falling, over that window, by
+      more than the losses' step-to-step noise (stochastic losses) or ``CONVERGENCE_RTOL`` of the
+      loss's scale (either, for stochastic losses; the scale alone for deterministic ones) —
+      so minibatch and Monte Carlo losses are judged on their trend, not their jitter;
     * for a deterministic objective (``stochastic=False``: exact full-batch losses), the final loss
       is not above the best one seen (an optimiser thrown off by overflow or a failed line search
       ends far above it), and, when ``gradient`` = (‖∇f(x_0)‖, ‖∇f(x_T)‖) of the full-batch objective
       is given, the final gradient is small relative to where the run started:
       ‖∇f(x_T)‖ ≤ ``GRADIENT_RTOL`` · max(‖∇f(x_0)‖, 1).
+
+    With ``stationary`` = (max |t|, threshold) from :func:`stationarity`, a stochastic objective's
+    expected gradient must also be zero within its Monte Carlo noise at the end.
 
     With ``planned_steps``, also records ``interrupted`` (fewer steps done than planned).
     """
@@ -292,12 +333,18 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
             rho = float(np.clip(np.corrcoef(residual[:-1], residual[1:])[0, 1], 0.0, 0.99))
             se *= math.sqrt((1 + rho) / (1 - rho))
         slope, se = slope * unit, se * unit
+        noise = float(np.std(residual)) * unit
         scale = max(1.0, abs(float(tail.mean())))
         drop = -slope * window
-        result.update(loss_slope=slope, loss_slope_se=se, final_loss=float(tail.mean()))
-        if slope < -3.0 * se and drop > CONVERGENCE_RTOL * scale:
+        # A stochastic loss still moving by more than one step's noise over the window is not
+        # settled, however small that is against the loss's size; a deterministic one (no noise)
+        # is judged against its scale.
+        allowed = min(CONVERGENCE_RTOL * scale, noise) if stochastic else CONVERGENCE_RTOL * scale
+        result.update(loss_slope=slope, loss_slope_se=se, loss_noise=noise, final_loss=float(tail.mean()))
+        if slope < -3.0 * se and drop > allowed:
             reasons.append(
-                f"the loss still fell by {drop:.3g} over the last {window} steps ({drop / scale:.2%} of its scale)"
+                f"the loss still fell by {drop:.3g} over the last {window} steps ({drop / scale:.2%} of its scale, "
+                f"{drop / noise if noise > 0 else float('inf'):.1f} × its step-to-step noise)"
             )
     else:
         reasons.append(f"only {len(losses)} steps: too few to judge whether the loss settled")
@@ -311,6 +358,15 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
         if not math.isfinite(final_norm) or final_norm > GRADIENT_RTOL * max(start_norm, 1.0):
             reasons.append(
                 f"the final gradient norm {final_norm:.3g} is not small against the starting {start_norm:.3g}"
+            )
+    if stationary is not None:
+        t_max, threshold = stationary
+        result["gradient_t_max"] = t_max
+        if not t_max <= threshold:
+            reasons.append(
+                f"the expected gradient is not zero: a coordinate's mean over {GRADIENT_REPEATS} estimates is "
+                f"{t_max:.3g} standard errors from zero (threshold {threshold:.2f}) — still moving along a ridge "
+                "or stopped early; raise steps or learning_rate"
             )
     return {**result, "converged": not reasons, "convergence": "; ".join(reasons) or "settled", **status}
 

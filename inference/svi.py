@@ -1,110 +1,167 @@
-"""``svi``: stochastic variational inference with Gaussian guides over the flat unconstrained vector.
+"""``svi``: stochastic variational inference — any guide × any objective, from a curvature-aware start.
 
-The guides are the shared Gaussian family (:mod:`ppl.inference._gaussian`), parameterised for
-unconstrained optimisation:
+Guides (:mod:`ppl.inference.guides`): ``mean_field``, ``low_rank``, ``full_rank``, ``delta``,
+``flow``. Objectives (:mod:`ppl.inference.objectives`): ``elbo``, ``iwae``, ``renyi``, each with
+``beta`` and ``kl_warmup``. They compose: the guide says what q is, the objective how to score it.
 
-* ``mean_field`` — N(μ, diag(σ²)), σ = exp(ρ)
-* ``low_rank`` — N(μ, diag(σ²) + W Wᵀ), W of shape (P, rank)
-* ``full_rank`` — N(μ, L Lᵀ), L lower triangular with an exp-parameterised diagonal
-* ``delta`` — a point mass (MAP by SVI's optimiser)
+Where training starts decides whether it ends anywhere useful. A draw from a wide prior
+(N(0, 10²), a flat prior) can start the guide thousands of posterior sds away, with a step size
+that is then far too small (Adam moves each coordinate about ``learning_rate`` a step). The default
+``init="map"`` therefore:
 
-The objective is the reparameterised ELBO with the Gaussian entropy in closed form
-(Kucukelbir et al. 2017; Titsias & Lázaro-Gredilla 2014):
+1. starts L-BFGS at the coordinate-wise median of prior draws and climbs to the mode of the
+   unconstrained log density;
+2. for up to ``DENSE_FRAME_MAX`` parameters on full-batch data, computes the Hessian there and
+   writes the guide in that frame: u = mode + S v with S Sᵀ = H⁻¹ (the Laplace approximation;
+   eigenvalues that are not clearly positive get sd ``INIT_SCALE``). The guide then starts as the
+   Laplace approximation and Adam's steps are in posterior-sd units in every direction;
+3. otherwise (more parameters, or minibatches) starts at the mode with sd ``INIT_SCALE``.
 
-    ELBO(φ) = E_{ε∼N(0,I)}[log p̃(μ + A ε, D)] + H[q_φ],
-
-estimated with ``num_particles`` draws per step. Defaults are chosen so that the optimum is
-actually reached on small correlated problems: several particles, Adam with a cosine decay of the
-learning rate to 1% (the late, small steps average out the gradient noise), and a convergence
-check on the loss curve recorded in ``Posterior.info``.
+``init="prior" | "median" | "uniform" | "zeros"`` skips the optimisation and starts at that point
+with sd ``INIT_SCALE``. The run's convergence verdict (``info["converged"]``) uses the loss curve's
+trend against its own noise (:func:`~ppl.inference.optimize.loss_convergence`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
+from functools import partial
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._checkpoint import Session
+from ppl import _interrupt
+from ppl._checkpoint import Interrupted, ResumeState, Session
 from ppl._data import check_batch_size
+from ppl._errors import NonFiniteError, OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import (
     Method,
     check_choice,
     check_dense_matrix,
     check_positive,
-    check_stored_draws,
     check_positive_int,
+    check_stored_draws,
 )
-from ppl.inference._gaussian import Diagonal, Full, Gaussian, LowRankDiagonal, PointMass, draw
+from ppl.inference._gaussian import draw
+from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, make_guide
+from ppl.inference.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
 from ppl.inference.optimize import (
     INITS,
-    NegativeLogJoint,
     OptimizerConfig,
     _full_gradient,
     _moved,
     loss_convergence,
     minimize,
+    stationarity,
 )
 
-__all__ = ["SVI", "GUIDES", "guide_family", "NegativeELBO"]
+__all__ = ["SVI", "GUIDES", "OBJECTIVES", "starting_frame"]
 
-GUIDES = ("mean_field", "low_rank", "full_rank", "delta")
-OBJECTIVES = ("elbo",)
-INIT_SCALE = 0.1  # initial guide standard deviation, as NumPyro's autoguides
-
-
-def init_guide(kind: str, loc: jax.Array, rank: int, key) -> dict:
-    """Variational parameters of guide ``kind`` centred at ``loc``."""
-    dim = loc.shape[0]
-    log_scale = jnp.full(dim, jnp.log(INIT_SCALE))
-    if kind == "mean_field":
-        return {"loc": loc, "log_scale": log_scale}
-    if kind == "low_rank":
-        # A zero factor is a stationary point of the ELBO in W; start it small and random.
-        factor = 0.01 * jax.random.normal(key, (dim, rank), dtype=loc.dtype)
-        return {"loc": loc, "log_scale": log_scale, "factor": factor}
-    if kind == "full_rank":
-        return {"loc": loc, "tril": jnp.zeros((dim, dim)), "log_scale": log_scale}
-    return {"loc": loc}
-
-
-def guide_family(kind: str, params: dict):
-    """The family object (Gaussian or PointMass) described by variational ``params``."""
-    if kind == "mean_field":
-        return Gaussian(params["loc"], Diagonal(jnp.exp(params["log_scale"])))
-    if kind == "low_rank":
-        return Gaussian(params["loc"], LowRankDiagonal(params["factor"], jnp.exp(params["log_scale"])))
-    if kind == "full_rank":
-        scale_tril = jnp.tril(params["tril"], -1) + jnp.diag(jnp.exp(params["log_scale"]))
-        return Gaussian(params["loc"], Full(scale_tril))
-    return PointMass(params["loc"])
+DENSE_FRAME_MAX = 2000  # most parameters for which init="map" computes the dense Hessian frame
+MAP_INIT_STEPS = 1000  # L-BFGS iterations (full batch) or Adam steps (minibatches) of the init
+_EIGEN_RTOL = 1e-10  # Hessian eigenvalues below this fraction of the largest are not trusted
 
 
 @dataclass(frozen=True)
-class NegativeELBO:
-    """−ELBO of a Gaussian guide, ``num_particles`` reparameterised draws, analytic entropy."""
+class NegativeLogDensity:
+    """−log p̃(u | D) with the Jacobian: minimised at the mode of the unconstrained density."""
 
-    guide: str
-    num_particles: int
+    def __call__(self, params, problem, key, batch, step=None):
+        return -problem.logdensity_fn(params, batch)
 
-    def __call__(self, params, problem, key, batch):
-        family = guide_family(self.guide, params)
-        draws = family.sample(key, self.num_particles)
-        log_density = jax.vmap(lambda u: problem.logdensity_fn(u, batch))(draws)
-        return -(jnp.mean(log_density) + family.entropy())
+
+@partial(jax.jit, static_argnames=("chunk",))
+def _negative_hessian(problem, u, chunk: int = 32):
+    """−∇² log p̃ at ``u``, one Hessian-vector product per column, ``chunk`` at a time."""
+    gradient = jax.grad(problem.logdensity_fn)
+
+    def column(direction):
+        return -jax.jvp(gradient, (u,), (direction,))[1]
+
+    return jax.lax.map(column, jnp.eye(u.shape[0], dtype=u.dtype), batch_size=chunk)
+
+
+def frame_from_hessian(mode, hessian) -> Frame:
+    """The frame S Sᵀ = H⁻¹ at ``mode`` (H symmetrised; untrusted eigenvalues get sd INIT_SCALE)."""
+    hessian = np.asarray(hessian, dtype=float)
+    hessian = 0.5 * (hessian + hessian.T)
+    if not np.all(np.isfinite(hessian)):
+        return Frame.plain(mode)
+    evals, evecs = np.linalg.eigh(hessian)
+    trusted = evals > _EIGEN_RTOL * max(float(evals.max()), 0.0)
+    evals = np.where(trusted & (evals > 0), evals, 1.0 / INIT_SCALE**2)
+    covariance = (evecs / evals) @ evecs.T
+    try:
+        tril = np.linalg.cholesky(0.5 * (covariance + covariance.T))
+    except np.linalg.LinAlgError:
+        tril = None
+    precision_diag = np.einsum("ij,j,ij->i", evecs, evals, evecs)
+    scale = 1.0 / np.sqrt(precision_diag)  # the mean-field optimum of a Gaussian: 1 / sqrt(H_pp)
+    dtype = mode.dtype
+    return Frame(mode, jnp.asarray(scale, dtype=dtype), None if tril is None else jnp.asarray(tril, dtype=dtype))
+
+
+def starting_frame(problem, key, init: str, batch_size: int | None, learning_rate: float):
+    """The frame the guide starts in (see the module docstring) and a note on how it was found."""
+    if init != "map":
+        return Frame.plain(problem.init_position(key, init)), f"started at init={init!r} with sd {INIT_SCALE}"
+    start = problem.init_position(key, "median")
+    if batch_size is None:
+        config = OptimizerConfig("lbfgs", MAP_INIT_STEPS)
+    else:
+        config = OptimizerConfig("adam", MAP_INIT_STEPS, "cosine", batch_size)
+    try:
+        mode = minimize(
+            NegativeLogDensity(), config, problem, start, key, learning_rate=learning_rate, label="svi start (map)"
+        ).params
+    except NonFiniteError as error:
+        return Frame.plain(start), f"the MAP start failed ({error}); started at the prior median with sd {INIT_SCALE}"
+    if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
+        frame = frame_from_hessian(mode, _negative_hessian(problem, mode))
+        if frame.tril is not None:
+            return frame, "started at the Laplace approximation (mode and inverse Hessian of the unconstrained density)"
+        return Frame(mode, frame.scale, None), "started at the mode with the inverse Hessian's diagonal"
+    why = "minibatches" if batch_size is not None else f"more than {DENSE_FRAME_MAX} parameters"
+    return Frame.plain(mode), f"started at the mode with sd {INIT_SCALE} (no Hessian frame: {why})"
+
+
+BOUND_PARTICLES = 100  # draws per datum behind the ELBO / IWAE estimates of a fitted VAE
+
+
+def _local_bounds(posterior, key) -> dict:
+    """ELBO and IWAE_100 of the training data (sums over data, β = 1, untempered), re-estimated
+    after training with ``BOUND_PARTICLES`` fresh draws of each datum's latents."""
+    from scipy.special import logsumexp
+
+    from ppl._vae import importance_weights
+
+    log_w, _, _ = importance_weights(posterior, posterior.problem.data_X, BOUND_PARTICLES, key)
+    return {
+        "elbo_estimate": float(np.sum(np.mean(log_w, axis=0))),
+        "iwae_estimate": float(np.sum(logsumexp(log_w, axis=0) - np.log(BOUND_PARTICLES))),
+    }
+
+
+def _frame_template(problem, init: str, batch_size: int | None) -> Frame:
+    """A frame with the structure ``starting_frame`` would give (values are replaced on resume)."""
+    zeros = problem.init_params
+    if init == "map" and batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
+        return Frame(zeros, jnp.ones_like(zeros), jnp.eye(zeros.shape[0], dtype=zeros.dtype))
+    return Frame.plain(zeros)
 
 
 @dataclass(frozen=True)
 class SVI(Method):
-    """Stochastic variational inference (ELBO) with mean-field, low-rank, full-rank or delta guides."""
+    """Stochastic variational inference: guides × objectives (see ``docs/methods/svi.md``)."""
 
     name = "svi"
-    description = "variational inference: Gaussian guides (mean_field, low_rank, full_rank) or delta, ELBO"
+    description = "variational inference: mean_field/low_rank/full_rank/flow/delta guides; elbo, iwae, renyi objectives"
+    supports_local = True
 
-    guide: str = "mean_field"
+    guide: str = "auto"
     objective: str = "elbo"
     num_particles: int = 8
     steps: int = 5000
@@ -112,62 +169,171 @@ class SVI(Method):
     schedule: str = "cosine"
     batch_size: int | None = None
     rank: int = 10
-    init: str = "prior"
+    init: str = "map"
     num_draws: int = 1000
+    alpha: float = 0.5
+    beta: float = 1.0
+    kl_warmup: int = 0
+    gradient: str = "standard"
+    num_flows: int = 2
+    hidden: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice(self.name, "guide", self.guide, GUIDES)
+        check_choice(self.name, "guide", self.guide, ("auto",) + GUIDES)
         check_choice(self.name, "objective", self.objective, OBJECTIVES)
         check_choice(self.name, "schedule", self.schedule, ("constant", "cosine"))
-        check_choice(self.name, "init", self.init, INITS)
-        for option in ("num_particles", "steps", "rank", "num_draws"):
+        check_choice(self.name, "init", self.init, ("map",) + INITS)
+        check_choice(self.name, "gradient", self.gradient, ("standard", "dreg"))
+        for option in ("num_particles", "steps", "rank", "num_draws", "num_flows"):
             check_positive_int(self.name, option, getattr(self, option))
+        check_positive_int(self.name, "kl_warmup", self.kl_warmup, allow_zero=True)
         check_positive(self.name, "learning_rate", self.learning_rate)
+        if self.hidden is not None:
+            check_positive_int(self.name, "hidden", self.hidden)
+        if not self.beta >= 0:
+            raise OptionError(f"svi: beta must be ≥ 0 (the weight on the prior/KL side), got {self.beta!r}")
+        if self.objective == "renyi" and self.alpha == 1:
+            raise OptionError("svi: objective='renyi' needs alpha ≠ 1 (alpha → 1 is the ELBO: use objective='elbo')")
+        if self.kl_warmup > self.steps:
+            raise OptionError(
+                f"svi: kl_warmup={self.kl_warmup} is longer than training (steps={self.steps}): the prior/KL "
+                "side would never reach its full weight; use kl_warmup ≤ steps"
+            )
+        if self.gradient == "dreg" and self.objective != "iwae":
+            raise OptionError(f"svi: gradient='dreg' applies to objective='iwae', not {self.objective!r}")
+        if self.objective == "iwae" and self.num_particles == 1:
+            warnings.warn("svi: objective='iwae' with num_particles=1 is exactly the ELBO; running it as such",
+                          UserWarning, stacklevel=3)
+
+    def global_guide_name(self, problem) -> str:
+        """``guide="auto"``: mean-field; for a model with local latents whose global sites have flat
+        priors (a VAE's point-estimated decoder), a delta guide (maximum likelihood)."""
+        if self.guide != "auto":
+            return self.guide
+        if problem.local_sites and not getattr(problem.model, "bayesian_decoder", True):
+            return "delta"
+        return "mean_field"
+
+    def guide_object(self, problem):
+        guide = make_guide(self.global_guide_name(problem), rank=self.rank, num_flows=self.num_flows, hidden=self.hidden)
+        if problem.local_sites:
+            guide = WithLocal(guide, Amortized(problem.model.encoder(problem.data_X.shape[-1])))
+        return guide
+
+    def objective_object(self, problem=None):
+        beta = self.beta * float(getattr(problem.model, "beta", 1.0)) if problem is not None and problem.local_sites else self.beta
+        shared = {"num_particles": self.num_particles, "beta": beta, "kl_warmup": self.kl_warmup}
+        if self.objective == "elbo" or (self.objective == "iwae" and self.num_particles == 1):
+            return ELBO(**shared)
+        if self.objective == "iwae":
+            return IWAE(**shared, gradient=self.gradient)
+        return Renyi(**shared, alpha=self.alpha)
 
     def stored_draws(self) -> int:
-        return 1 if self.guide == "delta" else self.num_draws
+        return 1 if self.guide == "delta" else self.num_draws  # "auto" may pick delta: then fewer
+
+    def starting_frame(self, problem, key):
+        if not problem.local_sites:
+            return starting_frame(problem, key, self.init, self.batch_size, self.learning_rate)
+        # A model with local latents starts from its own network initialisation (a MAP of the
+        # decoder would need the local latents integrated out first).
+        start = problem.unconstrain(problem.model.initial_params(key, problem.data_X.shape[-1]))
+        return Frame.plain(start), f"started at the model's network initialisation with sd {INIT_SCALE}"
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        if self.global_guide_name(problem) == "delta" and self.objective != "elbo" and not problem.local_sites:
+            raise OptionError(
+                f"svi: a delta guide has no density, so objective={self.objective!r} (which weighs draws by "
+                "p/q) is undefined; use objective='elbo' (MAP) or a guide with a density"
+            )
+        if problem.local_sites:
+            if not hasattr(problem.model, "encoder"):
+                raise OptionError(
+                    f"svi: the model has local latents ({', '.join(s.name for s in problem.local_sites)}) but no "
+                    "encoder to amortise them; use ppl.models.VAE or give the model an encoder(data_dim) method"
+                )
+            flat_decoder = not getattr(problem.model, "bayesian_decoder", True)
+            if flat_decoder and self.global_guide_name(problem) != "delta":
+                raise OptionError(
+                    f"svi: guide={self.guide!r} puts a distribution over the decoder's weights, but this VAE gives "
+                    "them a flat prior (they are point-estimated, guide='delta'); use VAE(bayesian_decoder=True) "
+                    "for a posterior over them"
+                )
         itemsize = np.dtype(problem.init_params.dtype).itemsize
+        dim = problem.num_params
         # Each step draws num_particles parameter vectors and keeps them for the gradient.
-        check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, problem.num_params, itemsize)
-        if self.guide == "full_rank":
-            # The factor, Adam's two moments and its gradient: four P × P arrays.
+        check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, dim, itemsize)
+        if self.guide in ("full_rank", "flow") or (self.init == "map" and dim <= DENSE_FRAME_MAX):
+            # The factor (or frame), Adam's two moments and its gradient: four P × P arrays.
+            what = {"full_rank": "a full-rank guide", "flow": "a flow guide's frame"}.get(self.guide, "the Hessian frame of init='map'")
             check_dense_matrix(
-                self.name, "a full-rank guide", problem.num_params, itemsize, copies=4,
+                self.name, what, dim, itemsize, copies=4,
                 alternatives="guide='low_rank' (rank=...) or 'mean_field'",
+            )
+        if self.guide == "flow" and self.hidden is not None and self.hidden < dim:
+            raise OptionError(
+                f"svi: a flow's autoregressive network needs hidden ≥ the number of parameters ({dim}); got "
+                f"hidden={self.hidden} — raise it or leave it None (2 × parameters)"
             )
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
-        init_key, factor_key, run_key, draw_key = jax.random.split(key, 4)
-        loc = problem.init_position(init_key, self.init)
-        rank = min(self.rank, problem.num_params)
-        start = init_guide(self.guide, loc, rank, factor_key)
-        objective = (
-            NegativeLogJoint() if self.guide == "delta" else NegativeELBO(self.guide, self.num_particles)
-        )
+        session = session or Session()
+        init_key, factor_key, run_key, draw_key, check_key = jax.random.split(key, 5)
+        resume = session.resume
+        if resume is not None and int(resume.progress.get("steps_done", -1)) == 0:
+            session.resume = resume = None  # stopped before the first step: start afresh, identically
+        if resume is None:
+            stopped = Interrupted(
+                "svi: interrupted while finding its starting point, before the first step (resuming starts afresh)",
+                ResumeState("optimize", {"steps_done": 0}, [], {"losses": np.zeros(0)}),
+            )
+            try:
+                frame, start_note = self.starting_frame(problem, init_key)
+            except Interrupted:
+                raise stopped from None
+            if _interrupt.requested():
+                raise stopped
+        else:  # every number is replaced by the checkpoint's; only the structure matters
+            frame, start_note = _frame_template(problem, self.init, self.batch_size), "resumed from a checkpoint"
+        guide = self.guide_object(problem)
+        start = guide.init(frame, factor_key)
+        objective = GuideLoss(guide, self.objective_object(problem))
+        delta = self.global_guide_name(problem) == "delta" and not problem.local_sites
         config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size)
 
-        if self.guide == "delta":
+        if delta:
             # A delta guide is a MAP: its objective is deterministic on the full data, so judge it
             # by its full-batch gradient as map does.
             start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
 
         def build(params, losses):
-            family = guide_family(self.guide, params)
-            flat = draw(family, draw_key, self.stored_draws())
+            family = guide.family(params)
+            flat = draw(family, draw_key, 1 if family.kind == "point" else self.num_draws)
             judged = {"moved": _moved(start, params)}
-            if self.guide == "delta":
+            if delta:
                 judged["gradient"] = (start_norm, float(_full_gradient(objective, problem, params, run_key)[1]))
-            info = {"losses": losses, **loss_convergence(losses, self.steps, **judged)}
-            return Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
+            elif not problem.local_sites:
+                # (A VAE's networks are judged on their loss curve alone: a network trained by Adam
+                # is never at a stationary point to this precision, nor is it meant to be.)
+                judged["stationary"] = stationarity(
+                    objective, problem, params, check_key, loss_scale=float(np.mean(losses[-10:])) if len(losses) else 1.0
+                )
+            info = {"losses": losses, "start": start_note, **loss_convergence(losses, self.steps, **judged)}
+            if self.kl_warmup:
+                info["kl_warmup"] = int(self.kl_warmup)
+            info["guide"] = self.global_guide_name(problem)
+            posterior = Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
+            if problem.local_sites:
+                posterior.local_guide = (guide, params["local"])
+                posterior.info.update(_local_bounds(posterior, check_key))
+            return posterior
 
         result = minimize(
             objective, config, problem, start, run_key, learning_rate=self.learning_rate,
-            label=f"svi ({self.guide})", session=session, build=build,
+            label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
         )
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state

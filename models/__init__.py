@@ -9,10 +9,11 @@ from ppl.models import priors
 from ppl.models._base import Layer, SupervisedModel
 from ppl.models.bnn import BNN
 from ppl.models.regression import LinearRegression, LogisticRegression
+from ppl.models.vae import VAE
 
-__all__ = ["BNN", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
+__all__ = ["BNN", "VAE", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
 
-_CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression)}
+_CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression, VAE)}
 
 
 _PRIORS = {cls.__name__: cls for cls in (priors.Isotropic, priors.PerLayer, priors.FanIn, priors.ScaleMixture)}

@@ -8,7 +8,7 @@ import numpy as np
 
 from ppl._errors import DataError
 
-__all__ = ["Split", "validate_supervised", "validate_inputs", "validate_program_data", "check_batch_size", "check_finite"]
+__all__ = ["Split", "validate_supervised", "validate_unsupervised", "validate_inputs", "validate_program_data", "check_batch_size", "check_finite"]
 
 
 class Split(NamedTuple):
@@ -80,6 +80,22 @@ def _as_inputs(X, name: str) -> np.ndarray:
         raise DataError(f"{name} has 0 columns; ppl needs at least one input feature")
     check_finite(name, X)
     return X.astype(float)
+
+
+def validate_unsupervised(model, data, *, where: str = "data") -> np.ndarray:
+    """Check the data array X (N, D) of an unsupervised model (a VAE); targets are refused."""
+    if isinstance(data, (tuple, list)) and not isinstance(data, np.ndarray):
+        if len(data) == 2 and data[1] is None:
+            data = data[0]
+        else:
+            raise DataError(
+                f"{where} for {type(model).__name__} is the data array X alone (it models X, not y given X); "
+                f"got a {type(data).__name__} of length {len(data)} — pass X, without targets"
+            )
+    if isinstance(data, dict):
+        raise DataError(f"{where} for {type(model).__name__} is the data array X (N, D), not a dict")
+    X = _as_inputs(data, f"{where} X")
+    return model.check_inputs(X)
 
 
 def validate_inputs(X, name: str = "X") -> np.ndarray:

@@ -19,7 +19,7 @@ __all__ = ["fit"]
 
 def fit(
     model,
-    data,
+    data=None,
     method: str = "nuts",
     *,
     seed,
@@ -34,8 +34,9 @@ def fit(
 
     Args:
         model: a declarative model from ``ppl.models`` or any NumPyro model function.
-        data: ``(X, y)`` for supervised models; a dict of keyword arguments for a plain NumPyro
-            function. Validated on the host before anything is traced.
+        data: ``(X, y)`` for supervised models; ``X`` alone for a VAE; a dict of keyword arguments
+            for a plain NumPyro function (None: it takes none). Validated on the host before anything
+            is traced.
         method: a registry name (``ppl methods`` lists them with their options).
         seed: an int in [0, 2**32) or a JAX PRNG key. Same seed, same result, bit for bit on one machine.
         temperature, tempering: ``"likelihood"`` multiplies the log likelihood by 1/T (tempered
@@ -76,6 +77,13 @@ def fit(
             checkpoint = _io.RunTarget(checkpoint, {})
         _io.check_writable_run(checkpoint.path)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering)
+    if problem.local_sites and not method_obj.supports_local:
+        raise OptionError(
+            f"method {method!r} cannot serve this model as a whole: it has {problem.num_data} × "
+            f"{problem.num_local} local latents ({', '.join(s.name for s in problem.local_sites)}), which only "
+            "method='svi' amortises. To fit the exact local posterior p(z | x) of chosen data points with the "
+            f"decoder fixed, fit svi first and then ppl.fit(post.local_model(X[:20]), method={method!r}, seed=0)"
+        )
     # Every method's stored draws are checked here, before anything is compiled or allocated.
     check_stored_draws(method, method_obj.stored_draws(), problem.num_params, problem.init_params.dtype.itemsize)
     method_obj.check(problem)

@@ -193,7 +193,7 @@ def save_run(
             for name, obj in (extra_files or {}).items():
                 if name in (MANIFEST, META, ARRAYS, DIAGNOSTICS) or "/" in name:
                     raise ValueError(f"extra run file name {name!r} is reserved or not a plain file name")
-                (staging / name).write_bytes(_dump(obj))
+                (staging / name).write_bytes(obj if isinstance(obj, bytes) else _dump(obj))
             files = {
                 p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir())
             }
@@ -301,7 +301,12 @@ def _unjson(value):
 def fingerprint(problem, method_obj, seed_record) -> dict:
     """What a resumed run must share with the run that wrote its checkpoint."""
     digest = hashlib.sha256()
-    data = problem.data if isinstance(problem.data, dict) else {"X": problem.data[0], "y": problem.data[1]}
+    if isinstance(problem.data, dict):
+        data = problem.data
+    elif problem.spec.kind == "unsupervised":
+        data = {"X": problem.data}
+    else:
+        data = {"X": problem.data[0], "y": problem.data[1]}
     for name in sorted(data):
         array = np.ascontiguousarray(np.asarray(data[name]))
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
@@ -344,12 +349,18 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
     arrays["flat_draws"] = np.asarray(posterior.flat_draws)
     if problem.is_declarative:
         arrays["data/X"], arrays["data/y"] = (np.asarray(a) for a in problem.data)
+    elif problem.spec.kind == "unsupervised":
+        arrays["data/X"] = np.asarray(problem.data)
     else:
         for key, value in problem.data.items():
             arrays[f"data/{key}"] = np.asarray(value)
         # A plain program's draws are saved constrained too: a detached load cannot constrain them.
         for name, value in posterior.draws.items():
             arrays[f"draws/{name}"] = np.asarray(value)
+    if getattr(posterior, "local_guide", None) is not None:
+        from jax.flatten_util import ravel_pytree
+
+        arrays["local/encoder"] = np.asarray(ravel_pytree(posterior.local_guide[1])[0])
     family = posterior.approximation
     if family is not None:
         for key, value in family.arrays().items():
@@ -557,7 +568,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 # The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
 _ARRAY_NAME = re.compile(
     r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_]{1,32}|"
-    r"info/[A-Za-z_][\w.-]{0,99}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99})\.npy"
+    r"info/[A-Za-z_][\w.-]{0,99}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99}|local/encoder)\.npy"
 )
 
 
@@ -657,9 +668,12 @@ _DIAGNOSTIC_TYPES = {
     "method": str, "num_chains": int, "num_draws": int, "rhat_max": _NUMBER, "rhat_function_max": _NUMBER,
     "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
-    "loo_khat_max": _NUMBER, "elpd_loo": _NUMBER, "elbo": _NUMBER, "log_evidence": _NUMBER,
+    "loo_khat_max": _NUMBER, "elpd_loo": _NUMBER, "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
     "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict,
 }
+
+# Fields added after format version 2 was introduced; runs saved before them lack them.
+_LATER_DIAGNOSTICS = ("iwae",)
 
 
 def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
@@ -738,6 +752,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if unknown:
             raise check.fail("(fields)", "Diagnostics fields only", unknown)
         for field, kinds in _DIAGNOSTIC_TYPES.items():
+            if field in _LATER_DIAGNOSTICS and field not in diagnostics:
+                continue  # written by an earlier ppl: the field reads as None
             value = diagnostics.get(field)
             allowed = kinds if isinstance(kinds, tuple) else (kinds,)
             if field not in diagnostics or not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
@@ -833,10 +849,17 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
         from ppl.models import from_config
 
-        data = (_check_array(folder, arrays, "data/X"), _check_array(folder, arrays, "data/y", kinds="biuf"))
+        unsupervised = record.get("class") == "VAE"
+        X = _check_array(folder, arrays, "data/X")
+        data = X if unsupervised else (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
         try:
             model = from_config(record)
-            declared = _declared_num_params(model.bind(*data), data[0]) if data[0].ndim == 2 else -1
+            if X.ndim != 2:
+                declared = -1
+            elif unsupervised:
+                declared = model.num_global_params(X.shape[1])
+            else:
+                declared = _declared_num_params(model.bind(*data), X)
         except (ValueError, TypeError, KeyError, DataError) as error:
             raise RunError(f"{folder}/{META}: the model configuration is invalid ({error})") from None
         if declared != num_params:
@@ -886,11 +909,34 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         info=_info(meta, arrays), options=meta["options"], seed=meta["seed"], approximation=family,
         wall_time_s=meta["wall_time_s"],
     )
+    if problem.local_sites:
+        posterior.local_guide = _local_guide(folder, problem, meta, arrays)
     posterior.resume_state = resume
     posterior.fingerprint = meta.get("fingerprint")
     if diagnostics is not None:
         posterior._cache["diagnostics"] = _diagnostics_from(diagnostics, folder)
     return posterior, resume, meta
+
+
+def _local_guide(folder, problem, meta: dict, arrays: dict):
+    """The amortised guide of a model with local latents: structure from the (checked) method options
+    and model, numbers from ``local/encoder`` (its size must match exactly)."""
+    import jax
+    from jax.flatten_util import ravel_pytree
+
+    from ppl.inference import registry
+
+    try:
+        guide = registry.create(meta["method"], meta["options"]).guide_object(problem)
+    except Exception as error:  # noqa: BLE001 — any failure here is a bad file
+        raise RunError(f"{folder}/{META}: the saved options do not describe a guide ({error})") from None
+    template = jax.eval_shape(lambda: guide.local.init(jax.random.PRNGKey(0), problem.init_params.dtype))
+    zeros = jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
+    flat, unravel = ravel_pytree(zeros)
+    saved = _check_array(folder, arrays, "local/encoder", tuple(flat.shape))
+    if not np.all(np.isfinite(saved)):
+        raise RunError(f"{folder}/{ARRAYS}: array 'local/encoder' holds non-finite values")
+    return guide, unravel(saved.astype(flat.dtype, copy=False))
 
 
 def _info(meta: dict, arrays: dict) -> dict:

@@ -162,6 +162,8 @@ class Posterior:
         # What a resumed run must share with this one (set by ppl.fit; None for hand-built results).
         self.fingerprint = None
         self.program = None  # a detached run's program name (see Posterior.detached)
+        # (guide, encoder parameters) of a model with local latents (a VAE fitted by svi)
+        self.local_guide = None
         constrained = _over_draws(problem, self._flat(), "constrain")
         self.draws = {
             name: np.asarray(value).reshape(self.num_chains, self.num_draws, *value.shape[1:])
@@ -186,10 +188,48 @@ class Posterior:
         self.wall_time_s = float(wall_time_s)
         self.resume_state = self.fingerprint = None
         self.program, self._folder = program, folder
+        self.local_guide = None
         # Stored draws of a sampler can be resampled without the model; draws from q cannot be made anew.
         self._detached_sampler = bool(sampler)
         self._cache = {} if diagnostics is None else {"diagnostics": diagnostics}
         return self
+
+    # -- models with local latents (VAE) ----------------------------------------------------------
+    def encode(self, X) -> tuple:
+        """q(z | x) per row of X as (loc, scale), each (N, latent_dim). VAE posteriors only."""
+        from ppl import _vae
+
+        return _vae.encode(self, X)
+
+    def decode(self, z) -> np.ndarray:
+        """E[x | z] for latents z (N, latent_dim). VAE posteriors only."""
+        from ppl import _vae
+
+        return _vae.decode(self, z)
+
+    def generate(self, n: int, *, seed) -> np.ndarray:
+        """``n`` new data points from the fitted generative model. VAE posteriors only."""
+        from ppl import _vae
+
+        return _vae.generate(self, n, seed)
+
+    def reconstruct(self, X, *, seed) -> np.ndarray:
+        """E[x | z], z ∼ q(z | x), per row of X. VAE posteriors only."""
+        from ppl import _vae
+
+        return _vae.reconstruct(self, X, seed)
+
+    def log_marginal(self, X, num_samples: int = 500, *, seed) -> np.ndarray:
+        """Importance-sampled log p(x) per row of X (K = ``num_samples``). VAE posteriors only."""
+        from ppl import _vae
+
+        return _vae.log_marginal(self, X, num_samples, seed)
+
+    def local_model(self, X):
+        """p(z | x) of the rows of X with the decoder fixed, as a program any method fits."""
+        from ppl import _vae
+
+        return _vae.local_model(self, X)
 
     @property
     def is_detached(self) -> bool:
@@ -284,13 +324,13 @@ class Posterior:
 
     def log_density_ratios(self) -> np.ndarray | None:
         """log p̃(θ_s, D) − log q(θ_s) over the stored draws (flattened); None without a density."""
-        if not self.has_density:
-            return None
+        if not self.has_density or self.problem.local_sites:
+            return None  # with local latents, log p̃(u, D) needs them integrated out (vae_report does)
         if "log_ratio" not in self._cache:
             flat = self._flat()
-            self._cache["log_ratio"] = np.asarray(
-                _over_draws(self.problem, flat, "logdensity_fn") - self.approximation.log_prob(flat)
-            )
+            log_q = np.asarray(self.approximation.log_prob(flat))
+            self._cache["log_q"] = log_q
+            self._cache["log_ratio"] = np.asarray(_over_draws(self.problem, flat, "logdensity_fn")) - log_q
         return self._cache["log_ratio"]
 
     def function_draws(self) -> np.ndarray | None:

@@ -25,17 +25,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
-from numpyro.distributions import ImproperUniform, biject_to
+from numpyro.distributions import ImproperUniform, biject_to, constraints
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.distributions.util import sum_rightmost
 
-from ppl._data import validate_program_data, validate_supervised
+from ppl._data import validate_program_data, validate_supervised, validate_unsupervised
 from ppl._errors import DataError, OptionError
 
 __all__ = ["Problem", "ProblemSpec", "Site", "compile_problem", "TEMPERINGS", "trace_count"]
 
 TEMPERINGS = ("likelihood", "cold")
 PROBE_SIZE = 64
+MEDIAN_DRAWS = 15
 
 # Incremented each time a log density is traced (not when a cached executable runs): the
 # conformance test reads it to prove that a second same-shaped fit does not recompile.
@@ -64,7 +65,9 @@ class ProblemSpec:
     """The static (hashable) half of a problem: what is compiled, not what is computed on."""
 
     model: Any
-    kind: str  # "supervised" (declarative model, data (X, y)) or "program" (plain NumPyro function)
+    # "supervised" (declarative model, data (X, y)), "unsupervised" (declarative model of X alone,
+    # e.g. a VAE) or "program" (plain NumPyro function with a dict of keyword arguments)
+    kind: str
     tempering: str
     sites: tuple
     num_data: int | None
@@ -72,6 +75,9 @@ class ProblemSpec:
     observed: tuple = ()  # names of the observed sites, in trace order
     # Why per-datum log-likelihoods (for PSIS-LOO) are unavailable; None when they are available.
     no_pointwise_reason: str | None = None
+    # Local latent sites (inside the "data" plate, one row per datum; shapes are per datum). They
+    # are not part of the flat vector u: a guide gives them per batch (unsupervised models only).
+    local_sites: tuple = ()
 
     @property
     def num_params(self) -> int:
@@ -132,6 +138,20 @@ class Problem:
         return self.spec.kind == "supervised"
 
     @property
+    def local_sites(self) -> tuple:
+        return self.spec.local_sites
+
+    @property
+    def num_local(self) -> int:
+        """Size of one datum's flattened local latents (0 without local sites)."""
+        return sum(site.size for site in self.spec.local_sites)
+
+    @property
+    def data_X(self) -> jax.Array:
+        """The input/data array of a declarative model (supervised X, or an unsupervised model's X)."""
+        return self.data[0] if self.is_declarative else self.data
+
+    @property
     def init_params(self) -> jax.Array:
         """A zero vector with the flat unconstrained layout (shape and dtype template)."""
         return jnp.zeros(self.num_params)
@@ -188,13 +208,17 @@ class Problem:
         if self.is_declarative:
             X, y = batch
             return (X, y), {}
+        if self.spec.kind == "unsupervised":
+            return (batch,), {}
         return (), {**batch, **dict(self.spec.static_kwargs)}
 
-    def _trace(self, u: jax.Array, batch):
+    def _trace(self, u: jax.Array, batch, local: dict | None = None):
         params = self.unravel(u)
         jacobians = []
 
         def to_constrained(site):
+            if local is not None and site["name"] in local:
+                return local[site["name"]]  # local latents are real-valued: no transform
             if site["type"] != "sample" or site["is_observed"] or site["name"] not in params:
                 return None
             raw = params[site["name"]]
@@ -230,6 +254,48 @@ class Problem:
                 log_prior = log_prior + jnp.sum(log_prob)
         return LogTerms(log_prior, log_lik, log_jacobian)
 
+    def unravel_local(self, z: jax.Array) -> dict:
+        """Split flat local latents (..., B, num_local) into per-site arrays (..., B, *site shape)."""
+        out, start = {}, 0
+        for site in self.local_sites:
+            out[site.name] = jnp.reshape(z[..., start : start + site.size], (*z.shape[:-1], *site.shape))
+            start += site.size
+        return out
+
+    def local_terms(self, u: jax.Array, z: jax.Array, batch=None) -> tuple:
+        """(log prior of the global sites, their log Jacobian, per-datum local log prior (B,), per-datum
+        log likelihood (B,)) at global ``u`` and flat local latents ``z`` (B, num_local) for the rows
+        of ``batch``; none of it tempered or scaled (objectives weigh the terms with :meth:`weights`)."""
+        _TRACES["logdensity"] += 1
+        batch = self.data if batch is None else batch
+        local = self.unravel_local(z)
+        tr, log_jacobian = self._trace(u, batch, local)
+        global_prior = jnp.zeros(())
+        local_prior = jnp.zeros(z.shape[:-1])
+        likelihood = jnp.zeros(z.shape[:-1])
+        for site in tr.values():
+            if site["type"] != "sample":
+                continue
+            log_prob = _site_log_prob(site)
+            if site["is_observed"]:
+                likelihood = likelihood + _per_datum(log_prob, z.shape[0])
+            elif site["name"] in local:
+                local_prior = local_prior + _per_datum(log_prob, z.shape[0])
+            else:
+                global_prior = global_prior + jnp.sum(log_prob)
+        return global_prior, log_jacobian, local_prior, likelihood
+
+    def local_log_joint(self, u: jax.Array, z: jax.Array, batch=None) -> jax.Array:
+        """log p(x_i, z_i | θ(u)) per datum of ``batch``, shape (B,): what IWAE's log-sum-exp and the
+        per-datum k-hat work on."""
+        _, _, local_prior, likelihood = self.local_terms(u, z, batch)
+        return local_prior + likelihood
+
+    def weights(self, batch=None) -> tuple:
+        """(prior weight, likelihood weight): tempering and the N/B minibatch scale, the only place
+        they are applied. Local prior terms take the likelihood's weight (they are per datum)."""
+        return self._weights(batch)
+
     def log_jacobian(self, u: jax.Array) -> jax.Array:
         """log |det ∂θ/∂u| of the constraining transforms at ``u``."""
         return self._trace(u, self.data)[1]
@@ -238,23 +304,35 @@ class Problem:
         scale = 1.0
         if self.is_declarative and batch is not None:
             scale = self.num_data / batch[0].shape[0]
+        elif self.spec.kind == "unsupervised" and batch is not None:
+            scale = self.num_data / batch.shape[0]
         inv_t = 1.0 / self.temperature
         prior_weight = inv_t if self.tempering == "cold" else jnp.ones_like(inv_t)
         return prior_weight, inv_t * scale
 
     def logdensity_fn(self, u: jax.Array, batch=None) -> jax.Array:
         """Tempered, minibatch-scaled log density of the flat unconstrained vector ``u``."""
+        prior, likelihood = self.density_parts(u, batch)
+        return prior + likelihood
+
+    def density_parts(self, u: jax.Array, batch=None, jacobian: bool = True) -> tuple:
+        """``logdensity_fn`` split in two: (prior side, likelihood side).
+
+        The prior side is the weighted log prior plus the log Jacobian (left out with
+        ``jacobian=False``: then the sum is ``log_joint``), the likelihood side the tempered,
+        minibatch-scaled log likelihood; they sum to ``logdensity_fn``. Objectives that weigh the
+        prior/KL side (β, KL warm-up) use the split.
+        """
         _TRACES["logdensity"] += 1
         terms = self.log_terms(u, batch)
         prior_weight, lik_weight = self._weights(batch)
-        return prior_weight * terms.log_prior + lik_weight * terms.log_likelihood + terms.log_jacobian
+        prior = prior_weight * terms.log_prior + (terms.log_jacobian if jacobian else 0.0)
+        return prior, lik_weight * terms.log_likelihood
 
     def log_joint(self, u: jax.Array, batch=None) -> jax.Array:
         """Like ``logdensity_fn`` without the Jacobian: its maximiser is the constrained-space MAP."""
-        _TRACES["logdensity"] += 1
-        terms = self.log_terms(u, batch)
-        prior_weight, lik_weight = self._weights(batch)
-        return prior_weight * terms.log_prior + lik_weight * terms.log_likelihood
+        prior, likelihood = self.density_parts(u, batch, jacobian=False)
+        return prior + likelihood
 
     def pointwise_loglik(self, u: jax.Array, batch=None) -> jax.Array:
         """Untempered log p(y_i | θ(u)) per data point, shape (N,) — the input to PSIS-LOO."""
@@ -276,6 +354,8 @@ class Problem:
 
     def batch(self, indices: jax.Array):
         """Rows ``indices`` of the data (declarative models only)."""
+        if self.spec.kind == "unsupervised":
+            return self.data[indices]
         self._require_declarative("batch")
         X, y = self.data
         return X[indices], y[indices]
@@ -292,15 +372,22 @@ class Problem:
         return self._unconstrain_trace(handlers.trace(model).get_trace(*args, **kwargs))
 
     def init_position(self, key: jax.Array, strategy: str) -> jax.Array:
-        """A flat unconstrained starting point: ``prior`` draw, ``uniform`` on (-2, 2), or ``zeros``."""
+        """A flat unconstrained starting point: a ``prior`` draw, the ``median`` of prior draws,
+        ``uniform`` on (-2, 2), or ``zeros``."""
         if strategy == "zeros":
             return self.init_params
         if strategy == "uniform":
             return jax.random.uniform(key, (self.num_params,), minval=-2.0, maxval=2.0)
+        args, kwargs = self._call(self.data)
         if strategy == "prior":
-            args, kwargs = self._call(self.data)
             return self._unconstrain_trace(trace_model(self.model, key, args, kwargs))
-        raise OptionError(f"init={strategy!r} is not one of 'prior', 'uniform', 'zeros'")
+        if strategy == "median":
+            # Coordinate-wise median of 15 prior draws in unconstrained space (flat priors: uniform
+            # draws on (-2, 2)): a central start that does not depend on one draw of a wide prior.
+            keys = jax.random.split(key, MEDIAN_DRAWS)
+            draws = [self._unconstrain_trace(trace_model(self.model, k, args, kwargs)) for k in keys]
+            return jnp.median(jnp.stack(draws), axis=0)
+        raise OptionError(f"init={strategy!r} is not one of 'prior', 'median', 'uniform', 'zeros'")
 
 
 def _improper_uniform_value(site):
@@ -324,6 +411,13 @@ def trace_model(model, key, args: tuple, kwargs: dict):
     """The trace of one forward run of ``model`` (improper flat priors get a uniform start value)."""
     seeded = handlers.seed(model, rng_seed=key)
     return handlers.trace(handlers.substitute(seeded, substitute_fn=_improper_uniform_value)).get_trace(*args, **kwargs)
+
+
+def _per_datum(log_prob, num: int) -> jax.Array:
+    """A site's log density summed to one number per datum (its leading axis is the data plate)."""
+    if jnp.ndim(log_prob) == 0 or log_prob.shape[0] != num:
+        raise ValueError("a site inside the data plate has no per-datum leading axis")
+    return jnp.sum(jnp.reshape(log_prob, (num, -1)), axis=-1)
 
 
 def _site_log_prob(site) -> jax.Array:
@@ -353,7 +447,11 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
     if not valid:
         raise OptionError(f"temperature must be a positive finite number, got {temperature!r}")
 
-    if isinstance(model, SupervisedModel):
+    if getattr(model, "unsupervised", False):
+        X = validate_unsupervised(model, data)
+        arrays = jnp.asarray(X, dtype=float)
+        kind, static, num_data = "unsupervised", (), int(X.shape[0])
+    elif isinstance(model, SupervisedModel):
         X, y = validate_supervised(model, data)
         if y is None:
             raise DataError("data must include targets y to fit a supervised model; got (X, None)")
@@ -371,8 +469,8 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
 
     spec = ProblemSpec(model, kind, tempering, (), num_data, static)
     problem = Problem(spec, arrays, jnp.asarray(float(temperature)))
-    sites, observed, no_pointwise = _discover_sites(problem)
-    spec = ProblemSpec(model, kind, tempering, sites, num_data, static, observed, no_pointwise)
+    sites, observed, no_pointwise, local_sites = _discover_sites(problem)
+    spec = ProblemSpec(model, kind, tempering, sites, num_data, static, observed, no_pointwise, local_sites)
     return Problem(spec, arrays, jnp.asarray(float(temperature)))
 
 
@@ -385,7 +483,7 @@ def _discover_sites(problem: Problem) -> tuple:
             f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "
             "matches the model's arguments"
         ) from error
-    sites = []
+    sites, local_sites = [], []
     for site in tr.values():
         if site["type"] == "plate" and site["args"][1] is not None and site["args"][1] < site["args"][0]:
             raise OptionError(
@@ -401,6 +499,15 @@ def _discover_sites(problem: Problem) -> tuple:
                 "— marginalise it out (or enumerate it) in the model"
             )
         shape = tuple(jnp.shape(site["value"]))
+        in_data_plate = any(frame.name == "data" for frame in site["cond_indep_stack"])
+        if problem.spec.kind == "unsupervised" and in_data_plate:
+            if site["fn"].support is not constraints.real and site["fn"].support != constraints.real_vector:
+                raise OptionError(
+                    f"local latent site {site['name']!r} has support {site['fn'].support}; ppl's amortised "
+                    "guides give real-valued local latents — reparameterise it onto the real line"
+                )
+            local_sites.append(Site(site["name"], shape[1:], shape[1:]))
+            continue
         transform = biject_to(site["fn"].support)
         sites.append(Site(site["name"], shape, tuple(transform.inverse_shape(shape))))
     if not sites:
@@ -418,4 +525,9 @@ def _discover_sites(problem: Problem) -> tuple:
         )
     elif len(leading) > 1:
         no_pointwise = "observed sites disagree on the number of data points, so per-datum terms are undefined"
-    return tuple(sites), tuple(s["name"] for s in observed), no_pointwise
+    if local_sites:
+        no_pointwise = (
+            "the model has local latents: log p(x_i) integrates them out, which PSIS-LOO over global draws "
+            "cannot do — ppl.diagnostics.vae_report estimates log p(x) by importance sampling"
+        )
+    return tuple(sites), tuple(s["name"] for s in observed), no_pointwise, tuple(local_sites)

@@ -75,6 +75,7 @@ class Diagnostics:
     loo_khat_max: float | None = None
     elpd_loo: float | None = None
     elbo: float | None = None
+    iwae: float | None = None
     log_evidence: float | None = None
     wall_time_s: float | None = None
     warnings: list = field(default_factory=list)

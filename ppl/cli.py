@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
-MODELS = ("linear", "logistic", "bnn")
+MODELS = ("linear", "logistic", "bnn", "vae")
 
 
 class UsageError(Exception):
@@ -67,9 +67,9 @@ def _positive(text: str) -> int:
 
 
 def _model_class(name: str):
-    from ppl.models import BNN, LinearRegression, LogisticRegression
+    from ppl.models import BNN, VAE, LinearRegression, LogisticRegression
 
-    return {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN}[name]
+    return {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN, "vae": VAE}[name]
 
 
 def _split_settings(settings: list[str], model_cls, method_cls) -> tuple[dict, dict]:
@@ -99,6 +99,10 @@ def _load_data(args):
     from ppl import datasets
 
     if Path(args.data).suffix in (".csv", ".npz"):
+        if args.model == "vae":
+            if args.target is not None:
+                raise UsageError("--model vae models the data alone: drop --target")
+            return datasets.load_file(args.data, seed=args.seed, task="unsupervised")
         return datasets.load_file(args.data, target=args.target, seed=args.seed)
     if args.data not in datasets.names():
         raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
@@ -111,6 +115,8 @@ def _build_model(args, data, model_opts):
         raise UsageError(f"--model linear needs a regression dataset; {data.name} is {data.task}")
     if args.model == "logistic" and (data.task != "classification" or data.num_classes != 2):
         raise UsageError(f"--model logistic needs binary labels; {data.name} has {data.num_classes or 'continuous'} targets")
+    if args.model == "vae" and data.task == "classification" and data.name != "digits_binary":
+        raise UsageError(f"--model vae models unlabelled data; use digits_binary or a .csv/.npz file, not {data.name}")
     if args.model == "bnn" and "likelihood" not in model_opts:
         if data.task == "regression":
             model_opts["likelihood"] = "gaussian"
@@ -200,7 +206,7 @@ def _fit(args) -> int:
         target = _io.RunTarget(out, {INVOCATION: invocation})
         try:
             posterior = ppl.fit(
-                model, data.train, method=args.method, seed=args.seed,
+                model, data.train.X if args.model == "vae" else data.train, method=args.method, seed=args.seed,
                 checkpoint=target if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
                 resume=args.resume, **method_opts,
             )
@@ -219,15 +225,21 @@ def _fit(args) -> int:
             diagnostics = posterior.diagnostics()
             # An interrupted run is saved at once: test metrics of a partial result can wait.
             interrupted = posterior.info.get("interrupted") or _interrupt.requested()
-            metrics = {}
-            if not interrupted:
+            metrics, extras = {}, {}
+            if not interrupted and args.model == "vae":
+                from ppl.diagnostics.vae import vae_report
+
+                # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
+                metrics = vae_report(posterior, data.test.X, seed=args.seed + 1, gap_points=0).to_dict()
+                extras[VAE_FIGURE] = _vae_figure(posterior, data, args.seed + 1)
+            elif not interrupted:
                 try:
                     metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
                 except MemoryBudgetError as error:
                     # The fit is worth keeping even when its test predictions would not fit in memory.
                     print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
             record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record})
+            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
         except KeyboardInterrupt:
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
             print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
@@ -240,6 +252,50 @@ def _fit(args) -> int:
               file=sys.stderr)
         return 130
     return 0
+
+
+VAE_FIGURE = "vae.png"
+
+
+def _vae_figure(posterior, data, seed: int) -> bytes:
+    """PNG bytes: test images and their reconstructions, samples, and (2-D latents) the encoded test set."""
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    X = np.asarray(data.test.X)
+    side = int(round(np.sqrt(X.shape[1])))
+    square = side * side == X.shape[1]
+    shown = X[:8]
+    rows = [("test data", shown), ("reconstructions", posterior.reconstruct(shown, seed=seed)),
+            ("samples", posterior.generate(8, seed=seed))]
+    two_d = posterior.problem.model.latent_dim == 2
+    fig = plt.figure(figsize=(10, 4.2 + (4.0 if two_d else 0.0)))
+    grid = fig.add_gridspec(3 + (3 if two_d else 0), 8)
+    for r, (label, images) in enumerate(rows):
+        for c in range(8):
+            ax = fig.add_subplot(grid[r, c])
+            image = images[c].reshape(side, side) if square else images[c][None, :]
+            ax.imshow(image, cmap="gray_r", vmin=0, vmax=1, aspect="equal" if square else "auto")
+            ax.set_xticks([]), ax.set_yticks([])
+            if c == 0:
+                ax.set_ylabel(label, fontsize=8)
+    if two_d:
+        ax = fig.add_subplot(grid[3:, 1:7])
+        loc, _ = posterior.encode(X)
+        points = ax.scatter(loc[:, 0], loc[:, 1], c=data.test.y, cmap="tab10", s=8)
+        ax.set_xlabel("z₁ (encoder mean)"), ax.set_ylabel("z₂")
+        ax.set_title("test set in latent space (colour: label)", fontsize=9)
+        fig.colorbar(points, ax=ax)
+    fig.suptitle(f"VAE on {data.name}", fontsize=10)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buffer.getvalue()
 
 
 def _check_out(out: Path) -> None:
@@ -271,7 +327,12 @@ def _print_run(record: dict, diagnostics) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in record["metrics"].items():
-        shown = f"{value:.4f}" if isinstance(value, (int, float)) and not isinstance(value, bool) else repr(value)
+        if isinstance(value, float):
+            shown = f"{value:.4f}"
+        elif isinstance(value, int) and not isinstance(value, bool):
+            shown = str(value)
+        else:
+            shown = "—" if value is None else repr(value)
         table.add_row(Text(_safe(key)), Text(_safe(shown)))
     console.print(table)
 
@@ -322,6 +383,8 @@ def _show(args) -> int:
         record.notes = {_safe(k): _safe(v) for k, v in record.notes.items()}
     if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) and record is not None:
         _print_run({k: _safe(v) if isinstance(v, str) else v for k, v in summary.items()}, record)
+    if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
+        print(_safe(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}"))
     elif record is not None:
         print(record)
     else:

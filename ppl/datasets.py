@@ -25,6 +25,7 @@ __all__ = ["Dataset", "Split", "load", "load_file", "names", "DESCRIPTIONS"]
 DESCRIPTIONS = {
     "breast_cancer": "Wisconsin breast cancer, 569 × 30, binary (scikit-learn)",
     "digits": "8×8 handwritten digits, 1797 × 64, 10 classes (scikit-learn)",
+    "digits_binary": "the 8×8 digits binarised (pixel > 8 of 16), 1797 × 64, for VAEs; y holds the digit (scikit-learn)",
     "iris": "iris flowers, 150 × 4, 3 classes (scikit-learn)",
     "wine": "wine cultivars, 178 × 13, 3 classes (scikit-learn)",
     "diabetes": "diabetes progression, 442 × 10, regression, standardised target (scikit-learn)",
@@ -39,7 +40,8 @@ class Dataset:
     """A dataset split for fitting and testing.
 
     Attributes:
-        name, task ("classification" or "regression"), num_classes (None for regression).
+        name, task ("classification", "regression" or "unsupervised": X is the data, y only
+            labels it), num_classes (None unless classification).
         train, test: :class:`Split` ``(X, y)``; ood: inputs-only split away from the data, or None.
         truth: the generating parameters for synthetic sets with known truth.
         target_mean, target_std: how a standardised regression target was scaled (else 0, 1).
@@ -88,6 +90,11 @@ def _raw(name: str, seed: int):
         bunch = loader()
         task = "regression" if name == "diabetes" else "classification"
         return bunch.data.astype(float), bunch.target, task, {}
+    if name == "digits_binary":
+        from sklearn.datasets import load_digits
+
+        bunch = load_digits()  # same rows and order as "digits", so the seeded splits agree
+        return (bunch.data > 8.0).astype(float), bunch.target, "unsupervised", {"keep_inputs": True}
     rng = np.random.default_rng(seed)
     if name == "two_moons":
         from sklearn.datasets import make_moons
@@ -141,7 +148,7 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
         target_mean, target_std = float(y_train.mean()), float(y_train.std())
         y_train, y_test = (y_train - target_mean) / target_std, (y_test - target_mean) / target_std
     num_classes = int(np.max(y)) + 1 if task == "classification" else None
-    if task == "classification":
+    if task in ("classification", "unsupervised"):
         y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
     return Dataset(
         name=name,
@@ -157,7 +164,10 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
 
 
 def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: float = 0.2, task: str | None = None) -> Dataset:
-    """Load a ``.csv`` (header row; ``target`` column, default the last) or ``.npz`` (arrays X, y) file."""
+    """Load a ``.csv`` (header row; ``target`` column, default the last) or ``.npz`` (arrays X, y) file.
+
+    ``task="unsupervised"``: every column (or the array X) is data, no target, inputs not standardised.
+    """
     _check_seed(seed)
     path = Path(path)
     if not path.is_file():
@@ -165,9 +175,11 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     if path.suffix == ".npz":
         try:
             with np.load(path) as npz:
-                if "X" not in npz or "y" not in npz:
-                    raise DataError(f"{path} must hold arrays named 'X' and 'y'; it has {sorted(npz.files)}")
-                X, y = np.asarray(npz["X"]), np.asarray(npz["y"])
+                needed = ("X",) if task == "unsupervised" else ("X", "y")
+                if any(name not in npz for name in needed):
+                    raise DataError(f"{path} must hold arrays named {needed}; it has {sorted(npz.files)}")
+                X = np.asarray(npz["X"])
+                y = np.zeros(X.shape[0]) if task == "unsupervised" else np.asarray(npz["y"])
         except (ValueError, OSError) as error:  # object arrays (pickles are refused), corrupt files
             raise DataError(f"{path} is not a readable .npz of numeric arrays X and y ({error})") from None
     elif path.suffix == ".csv":
@@ -186,7 +198,10 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
             raise DataError(f"{path}: every value must be numeric ({error})") from None
         if table.ndim != 2 or table.shape[1] != len(header):
             raise DataError(f"{path}: rows have differing numbers of columns")
-        X, y = np.delete(table, column, axis=1), table[:, column]
+        if task == "unsupervised":  # every column is data; there is no target
+            X, y = table, np.zeros(table.shape[0])
+        else:
+            X, y = np.delete(table, column, axis=1), table[:, column]
     else:
         raise DataError(f"data file {path} must end in .csv or .npz")
     if X.ndim != 2 or X.shape[0] < 2:
@@ -198,6 +213,9 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
         integral = np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0)
         task = "classification" if integral and len(np.unique(y)) <= 20 else "regression"
     train_idx, test_idx = _split(X, y, seed, test_fraction)
-    X_train, X_test = _standardise(X[train_idx], X[test_idx])
+    if task == "unsupervised":  # the model sees the data as they are (a Bernoulli VAE needs [0, 1])
+        X_train, X_test = X[train_idx], X[test_idx]
+    else:
+        X_train, X_test = _standardise(X[train_idx], X[test_idx])
     num_classes = int(np.nanmax(y)) + 1 if task == "classification" else None
     return Dataset(path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes)

@@ -297,7 +297,7 @@ def test_interrupt_during_warmup_raises_interrupted_with_a_resumable_state(monke
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
 
 
-@pytest.mark.parametrize("method, options", [("map", dict(batch_size=32, steps=600)), ("svi", dict(steps=600))])
+@pytest.mark.parametrize("method, options", [("map", dict(batch_size=32, steps=600)), ("svi", dict(steps=600, init="median"))])
 def test_interrupted_training_resumes_bit_for_bit(monkeypatch, tmp_path, linear_model, linear_data, method, options):
     full = ppl.fit(linear_model, linear_data.train, method=method, seed=5, **options)
     _interrupt_after(monkeypatch, 3)
@@ -308,6 +308,17 @@ def test_interrupted_training_resumes_bit_for_bit(monkeypatch, tmp_path, linear_
     resumed = ppl.fit(linear_model, linear_data.train, method=method, seed=5, resume=tmp_path / "p", **options)
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
     np.testing.assert_array_equal(resumed.info["losses"], full.info["losses"])
+
+
+def test_interrupt_while_svi_finds_its_start_resumes_as_a_fresh_run(monkeypatch, tmp_path, linear_model, linear_data):
+    full = ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=300)
+    _interrupt_after(monkeypatch, 1)  # the first progress step is the MAP start's
+    with pytest.raises(ppl.Interrupted, match="starting point") as caught:
+        ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=300)
+    monkeypatch.undo()
+    caught.value.save(tmp_path / "p")
+    resumed = ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=300, resume=tmp_path / "p")
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
 
 
 def test_chunking_does_not_change_the_draws(monkeypatch, linear_model, linear_data):
@@ -332,19 +343,19 @@ def test_checkpoints_are_loadable_partial_runs(tmp_path, linear_model, linear_da
 
 def test_resume_against_other_data_or_options_is_refused_naming_the_difference(tmp_path, monkeypatch, linear_model, linear_data):
     _interrupt_after(monkeypatch, 3)
-    part = ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=600)
+    part = ppl.fit(linear_model, linear_data.train, method="svi", seed=5, steps=600, init="median")
     monkeypatch.undo()
     part.save(tmp_path / "p")
     X, y = linear_data.train
     with pytest.raises(ppl.ResumeError, match="training data differ"):
-        ppl.fit(linear_model, (X, y + 1.0), method="svi", seed=5, steps=600, resume=tmp_path / "p")
+        ppl.fit(linear_model, (X, y + 1.0), method="svi", seed=5, steps=600, init="median", resume=tmp_path / "p")
     with pytest.raises(ppl.ResumeError, match="options.learning_rate: checkpoint 0.01, now 0.02"):
-        ppl.fit(linear_model, (X, y), method="svi", seed=5, steps=600, learning_rate=0.02, resume=tmp_path / "p")
+        ppl.fit(linear_model, (X, y), method="svi", seed=5, steps=600, init="median", learning_rate=0.02, resume=tmp_path / "p")
     with pytest.raises(ppl.ResumeError, match="prior_scale"):
         ppl.fit(LinearRegression(prior_scale=2.0, noise_scale=0.5), (X, y), method="svi", seed=5, steps=600,
                 resume=tmp_path / "p")
     with pytest.raises(ppl.ResumeError, match="method: checkpoint 'svi', now 'map'"):
-        ppl.fit(linear_model, (X, y), method="map", seed=5, steps=600, resume=tmp_path / "p")
+        ppl.fit(linear_model, (X, y), method="map", seed=5, steps=600, init="median", resume=tmp_path / "p")
 
 
 SIGINT_SCRIPT = textwrap.dedent(
@@ -415,11 +426,21 @@ def test_a_collapsed_guide_fails_ok(linear_model, linear_data):
     assert not diag.ok and diag.khat > diag.khat_threshold
 
 
-def test_constant_log_ratios_fail_ok_unless_the_posterior_is_closed_form(linear_model, linear_data):
+def test_constant_log_ratios_fail_ok_when_q_does_not_spread(linear_model, linear_data):
     exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
-    # The same q relabelled as an approximation: constant log p − log q is then a degenerate sign.
+    # The exact q relabelled as a fitted approximation: its draws spread and the ratios are constant,
+    # so q equals the posterior (what a full-rank guide reaches on a Gaussian posterior).
     post = ppl.Posterior(method="svi", problem=exact.problem, flat_draws=exact.flat_draws,
                          approximation=exact.approximation)
+    diag = post.diagnostics()
+    assert diag.khat == -np.inf and diag.ok, diag.warnings
+    # Draws that all sit at one point also give constant ratios: that q is degenerate.
+    from ppl.inference._gaussian import Diagonal, Gaussian
+
+    mean = exact.approximation.mean
+    collapsed = Gaussian(mean, Diagonal(np.full(mean.shape, 1e-300)))
+    flat = np.broadcast_to(np.asarray(mean), exact.flat_draws.shape)
+    post = ppl.Posterior(method="svi", problem=exact.problem, flat_draws=flat, approximation=collapsed)
     diag = post.diagnostics()
     assert diag.khat == np.inf and not diag.ok and any("degenerate" in w for w in diag.warnings)
 
@@ -763,7 +784,7 @@ def test_an_edited_invocation_is_refused_on_resume(tmp_path, monkeypatch, capsys
 
 
 def test_a_delta_guide_that_barely_moved_is_not_converged(linear_model, linear_data):
-    post = ppl.fit(linear_model, linear_data.train, method="svi", guide="delta", learning_rate=1e-5, seed=0)
+    post = ppl.fit(linear_model, linear_data.train, method="svi", guide="delta", init="prior", learning_rate=1e-5, seed=0)
     assert post.info["converged"] is False and "gradient" in post.info["convergence"]
     assert not post.diagnostics().ok
 

@@ -114,8 +114,8 @@ def test_full_size_minibatches_equal_full_batch_training(linear_model, linear_da
     # batch_size = N draws a permutation of all rows each step (scale N/B = 1): the same objective,
     # summed in another order, so the results agree to rounding.
     n = linear_data.train.X.shape[0]
-    full = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300)
-    batched = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, batch_size=n)
+    full = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, init="median")
+    batched = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, batch_size=n, init="median")
     np.testing.assert_allclose(np.asarray(batched.approximation.mean), np.asarray(full.approximation.mean), rtol=1e-8)
     np.testing.assert_allclose(batched.info["losses"], full.info["losses"], rtol=1e-9)
 
