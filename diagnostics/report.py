@@ -220,6 +220,18 @@ def compute_diagnostics(posterior) -> Diagnostics:
         if record.elbo is None:
             notes["elbo"] = notes["iwae"] = reason
         log_ratios = None
+    if info.get("kl_warmup"):
+        warmup, done = int(info["kl_warmup"]), int(info.get("steps_done", len(info.get("losses", ()))))
+        if done < warmup:
+            fail(
+                f"the run stopped during KL warm-up (step {done} of {warmup}): it optimised a down-weighted prior/KL "
+                "side, not the bound — resume it or train longer than kl_warmup"
+            )
+        else:
+            record.warnings.append(
+                f"KL warm-up weighted the prior/KL side below its value for the first {warmup} steps: losses recorded "
+                "then are not the bound (the final objective is)"
+            )
     if "log_evidence" in info:
         record.log_evidence = float(info["log_evidence"])
     else:

@@ -45,20 +45,27 @@ class Frame(NamedTuple):
     """The fixed affine frame u = shift + S v the guide is written in.
 
     ``scale`` is the diagonal of S used by diagonal guides (mean-field, low-rank, delta); ``tril``
-    is a dense lower-triangular S used by full-rank and flow guides (``None``: S = diag(scale)).
+    is a dense lower-triangular S used by full-rank and flow guides (``None``: S = diag(scale));
+    ``init_scale`` the guide's starting sd in frame units (1 for a curvature frame: the guide
+    starts as the Laplace approximation).
     """
 
     shift: jax.Array
     scale: jax.Array
     tril: jax.Array | None = None
+    init_scale: float = 1.0  # the guide's starting sd, in frame units
 
     @classmethod
     def plain(cls, shift) -> "Frame":
-        """No curvature information: the guide starts at ``shift`` with sd ``INIT_SCALE``."""
-        return cls(shift, jnp.full(shift.shape, INIT_SCALE, dtype=shift.dtype), None)
+        """No curvature information: unit frame; the guide starts at ``shift`` with sd ``INIT_SCALE``
+        (its location moves in the parameters' own units)."""
+        return cls(shift, jnp.ones_like(shift), None, INIT_SCALE)
 
     def dense(self) -> jax.Array:
         return jnp.diag(self.scale) if self.tril is None else self.tril
+
+    def log_init_scale(self) -> jax.Array:
+        return jnp.full(self.shift.shape, math.log(self.init_scale), dtype=self.shift.dtype)
 
 
 def _frozen(params: dict, *names) -> tuple:
@@ -73,7 +80,7 @@ class MeanField:
 
     def init(self, frame: Frame, key) -> dict:
         zeros = jnp.zeros_like(frame.shift)
-        return {"shift": frame.shift, "frame_scale": frame.scale, "loc": zeros, "log_scale": zeros}
+        return {"shift": frame.shift, "frame_scale": frame.scale, "loc": zeros, "log_scale": frame.log_init_scale()}
 
     def family(self, params):
         shift, s = _frozen(params, "shift", "frame_scale")
@@ -92,8 +99,9 @@ class LowRank:
         rank = min(self.rank, frame.shift.shape[0])
         # A zero factor is a stationary point of the ELBO in W: start it small and random. The
         # diagonal starts a little below the frame's so that diagonal + factor match it.
-        factor = 0.01 * jax.random.normal(key, (frame.shift.shape[0], rank), dtype=frame.shift.dtype)
-        return {"shift": frame.shift, "frame_scale": frame.scale, "loc": zeros, "log_scale": zeros, "factor": factor}
+        factor = 0.01 * frame.init_scale * jax.random.normal(key, (frame.shift.shape[0], rank), dtype=frame.shift.dtype)
+        return {"shift": frame.shift, "frame_scale": frame.scale, "loc": zeros, "log_scale": frame.log_init_scale(),
+                "factor": factor}
 
     def family(self, params):
         shift, s = _frozen(params, "shift", "frame_scale")
@@ -111,7 +119,7 @@ class FullRank:
         dim = frame.shift.shape[0]
         zeros = jnp.zeros_like(frame.shift)
         return {"shift": frame.shift, "frame_tril": frame.dense(), "loc": zeros,
-                "tril": jnp.zeros((dim, dim), dtype=frame.shift.dtype), "log_scale": zeros}
+                "tril": jnp.zeros((dim, dim), dtype=frame.shift.dtype), "log_scale": frame.log_init_scale()}
 
     def family(self, params):
         shift, S = _frozen(params, "shift", "frame_tril")
@@ -144,7 +152,9 @@ def _flow_network(dim: int, hidden: tuple, flip: bool):
 
 
 def _iaf_shift_scale(apply_fn, weights, x):
-    mean, log_scale = apply_fn(weights, x)
+    # One vector at a time (the network adds (width,) biases to (width,) activations): no implicit
+    # rank promotion, whatever the batch shape.
+    mean, log_scale = jax.vmap(lambda row: apply_fn(weights, row))(x)
     # Clipped as NumPyro's InverseAutoregressiveTransform does, with the gradient passed through.
     clipped = jnp.clip(log_scale, -5.0, 3.0)
     log_scale = log_scale + jax.lax.stop_gradient(clipped - log_scale)
@@ -189,14 +199,14 @@ class FlowFamily:
             x = jnp.exp(log_scale) * x + mean
             log_q = log_q - jnp.sum(log_scale, axis=-1)
         log_det_frame = jnp.sum(jnp.log(jnp.abs(jnp.diag(self.tril))))
-        return self.shift + x @ self.tril.T, log_q - log_det_frame
+        return self.shift[None, :] + x @ self.tril.T, log_q - log_det_frame
 
     def sample(self, key, n: int):
         return self.sample_and_log_prob(key, n)[0]
 
     def log_prob(self, u):
         u = jnp.atleast_2d(u)
-        v = solve_triangular(self.tril, (u - self.shift).T, lower=True).T
+        v = solve_triangular(self.tril, (u - self.shift[None, :]).T, lower=True).T
         log_q = -jnp.sum(jnp.log(jnp.abs(jnp.diag(self.tril)))) * jnp.ones(v.shape[0], v.dtype)
         for apply_fn, weights in reversed(list(zip(self._networks(), self.weights))):
             # Invert y = exp(s(x))·x + m(x): x_i depends on y and x_<i only, so D sweeps fix it.
@@ -272,7 +282,8 @@ class Flow:
     def init(self, frame: Frame, key) -> dict:
         weights = flow_weights(frame.shift.shape[0], self.widths(frame.shift.shape[0]), self.num_flows, key,
                                frame.shift.dtype)
-        return {"shift": frame.shift, "frame_tril": frame.dense(), "weights": weights}
+        # The flow starts near N(0, I) in its own coordinates: scale the frame to the starting sd.
+        return {"shift": frame.shift, "frame_tril": frame.dense() * frame.init_scale, "weights": weights}
 
     def family(self, params):
         shift, S = _frozen(params, "shift", "frame_tril")

@@ -60,6 +60,7 @@ class ELBO:
     num_particles: int = 8
     beta: float = 1.0
     kl_warmup: int = 0
+    local_reparam: bool = False
     name = "elbo"
     gradient = "standard"
 
@@ -77,6 +78,16 @@ class ELBO:
             # location, without the Jacobian (a delta guide finds the constrained-space MAP, as map).
             prior, lik = problem.density_parts(family.loc, batch, jacobian=False)
             return -(lik + b * prior)
+        if self.local_reparam:
+            # Prior side from whole-weight draws; likelihood from per-datum pre-activation draws. Both
+            # are unbiased, so the ELBO estimate is too (the unused likelihood of the first is dead code).
+            weight_key, activation_key = jax.random.split(key)
+            draws = family.sample(weight_key, self.num_particles)
+            prior, _ = _parts(problem, draws, batch)
+            keys = jax.random.split(activation_key, self.num_particles)
+            loc, scale = family.loc, family.cov.scale
+            lik = jax.vmap(lambda u, k: problem.local_reparam_log_likelihood(loc, scale, u, k, batch))(draws, keys)
+            return -(problem.weights(batch)[1] * jnp.mean(lik) + b * (jnp.mean(prior) + family.entropy()))
         if hasattr(family, "entropy"):
             draws = family.sample(key, self.num_particles)
             prior, lik = _parts(problem, draws, batch)
@@ -152,9 +163,9 @@ def local_log_weights(guide, params, problem, key, X, num: int, *, beta=1.0, u=N
     the per-datum log p(x_i, z) and log q(z | x_i) (for k-hat and reports)."""
     u = guide.family(params).mean if u is None else u
     loc, scale = guide.local.encode(params["local"], X)
-    z = loc + scale * jax.random.normal(key, (num, *loc.shape), dtype=loc.dtype)
+    z = loc[None] + scale[None] * jax.random.normal(key, (num, *loc.shape), dtype=loc.dtype)
     _, _, local_prior, likelihood = jax.vmap(lambda zk: problem.local_terms(u, zk, X))(z)
-    log_q = _normal_log_prob(z, loc, scale)
+    log_q = _normal_log_prob(z, loc[None], scale[None])
     return likelihood + beta * (local_prior - log_q), local_prior + likelihood, log_q
 
 
@@ -185,10 +196,10 @@ def local_loss(objective, guide, params, problem, key, batch, step=None):
     eps = jax.random.normal(local_key, (objective.num_particles, *loc.shape), dtype=loc.dtype)
 
     def log_weights(u, loc, scale, q_loc, q_scale):
-        z = loc + scale * eps
+        z = loc[None] + scale[None] * eps
         global_prior, log_jacobian, local_prior, likelihood = jax.vmap(lambda zk: problem.local_terms(u, zk, X))(z)
         global_side = prior_weight * global_prior[0] + log_jacobian[0]
-        return likelihood + b * (local_prior - _normal_log_prob(z, q_loc, q_scale)), global_side
+        return likelihood + b * (local_prior - _normal_log_prob(z, q_loc[None], q_scale[None])), global_side
 
     stop = jax.lax.stop_gradient
     if objective.gradient == "dreg":

@@ -123,7 +123,7 @@ def starting_frame(problem, key, init: str, batch_size: int | None, learning_rat
         frame = frame_from_hessian(mode, _negative_hessian(problem, mode))
         if frame.tril is not None:
             return frame, "started at the Laplace approximation (mode and inverse Hessian of the unconstrained density)"
-        return Frame(mode, frame.scale, None), "started at the mode with the inverse Hessian's diagonal"
+        return frame, "started at the mode with the inverse Hessian's diagonal"
     why = "minibatches" if batch_size is not None else f"more than {DENSE_FRAME_MAX} parameters"
     return Frame.plain(mode), f"started at the mode with sd {INIT_SCALE} (no Hessian frame: {why})"
 
@@ -150,6 +150,7 @@ def _frame_template(problem, init: str, batch_size: int | None) -> Frame:
     zeros = problem.init_params
     if init == "map" and batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
         return Frame(zeros, jnp.ones_like(zeros), jnp.eye(zeros.shape[0], dtype=zeros.dtype))
+    # (init_scale is a Python number, not a leaf: the template's structure matches either way.)
     return Frame.plain(zeros)
 
 
@@ -177,6 +178,7 @@ class SVI(Method):
     gradient: str = "standard"
     num_flows: int = 2
     hidden: int | None = None
+    local_reparam: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -200,10 +202,19 @@ class SVI(Method):
                 f"svi: kl_warmup={self.kl_warmup} is longer than training (steps={self.steps}): the prior/KL "
                 "side would never reach its full weight; use kl_warmup ≤ steps"
             )
+        if self.local_reparam and self.guide not in ("auto", "mean_field"):
+            raise OptionError(
+                f"svi: local_reparam=True samples pre-activations from independent Gaussian weights, which "
+                f"needs guide='mean_field', not {self.guide!r}"
+            )
+        if self.local_reparam and self.objective != "elbo":
+            raise OptionError(f"svi: local_reparam=True applies to objective='elbo', not {self.objective!r}")
         if self.gradient == "dreg" and self.objective != "iwae":
             raise OptionError(f"svi: gradient='dreg' applies to objective='iwae', not {self.objective!r}")
         if self.objective == "iwae" and self.num_particles == 1:
-            warnings.warn("svi: objective='iwae' with num_particles=1 is exactly the ELBO; running it as such",
+            how = ("with the doubly reparameterised gradient (the path-only, 'sticking the landing' estimator)"
+                   if self.gradient == "dreg" else "as such")
+            warnings.warn(f"svi: objective='iwae' with num_particles=1 is exactly the ELBO; running it {how}",
                           UserWarning, stacklevel=3)
 
     def global_guide_name(self, problem) -> str:
@@ -224,8 +235,8 @@ class SVI(Method):
     def objective_object(self, problem=None):
         beta = self.beta * float(getattr(problem.model, "beta", 1.0)) if problem is not None and problem.local_sites else self.beta
         shared = {"num_particles": self.num_particles, "beta": beta, "kl_warmup": self.kl_warmup}
-        if self.objective == "elbo" or (self.objective == "iwae" and self.num_particles == 1):
-            return ELBO(**shared)
+        if self.objective == "elbo" or (self.objective == "iwae" and self.num_particles == 1 and self.gradient == "standard"):
+            return ELBO(**shared, local_reparam=self.local_reparam)
         if self.objective == "iwae":
             return IWAE(**shared, gradient=self.gradient)
         return Renyi(**shared, alpha=self.alpha)
@@ -248,6 +259,14 @@ class SVI(Method):
                 f"svi: a delta guide has no density, so objective={self.objective!r} (which weighs draws by "
                 "p/q) is undefined; use objective='elbo' (MAP) or a guide with a density"
             )
+        if self.local_reparam:
+            if not problem.is_declarative:
+                raise OptionError(
+                    "svi: local_reparam=True needs a declarative model with dense layers (ppl.models BNN, "
+                    "LinearRegression, LogisticRegression); this is a plain NumPyro program"
+                )
+            if self.global_guide_name(problem) != "mean_field":
+                raise OptionError("svi: local_reparam=True needs guide='mean_field'")
         if problem.local_sites:
             if not hasattr(problem.model, "encoder"):
                 raise OptionError(

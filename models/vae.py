@@ -53,7 +53,7 @@ def dense_stack(params: list, h, activation: str):
     """Apply dense layers [(W, b), ...] with ``activation`` between them (none after the last)."""
     act = ACTIVATIONS[activation]
     for i, (weight, bias) in enumerate(params):
-        h = h @ weight + bias
+        h = h @ weight + jnp.reshape(bias, (1,) * (jnp.ndim(h) - 1) + bias.shape)
         if i < len(params) - 1:
             h = act(h)
     return h
@@ -147,7 +147,12 @@ class VAE:
     def observation(self, f, params: dict) -> dist.Distribution:
         if self.likelihood == "bernoulli":
             return dist.Bernoulli(logits=f).to_event(1)
-        return dist.Normal(f, self.noise(params)).to_event(1)
+        return dist.Normal(f, self.noise(params) * jnp.ones_like(f)).to_event(1)
+
+    def prior(self, num: int) -> dist.Distribution:
+        """p(z) = N(0, I) for ``num`` data points (full shapes: no implicit broadcasting)."""
+        shape = (int(num), self.latent_dim)
+        return dist.Normal(jnp.zeros(shape), jnp.ones(shape)).to_event(1)
 
     def mean_of(self, f):
         """E[x | z] from the decoder output."""
@@ -186,7 +191,7 @@ class VAE:
         if self.likelihood == "gaussian" and self.noise_scale is None:
             params["sigma"] = numpyro.sample("sigma", dist.ImproperUniform(constraints.greater_than(SIGMA_FLOOR), (), ()))
         with numpyro.plate(DATA_PLATE, N):
-            z = numpyro.sample(LATENT_SITE, dist.Normal(jnp.zeros(self.latent_dim), 1.0).to_event(1))
+            z = numpyro.sample(LATENT_SITE, self.prior(N))
             numpyro.sample(OBSERVED_X, self.observation(self.decode(params, z), params), obs=X)
 
     # -- data checks and configuration -------------------------------------------------------------

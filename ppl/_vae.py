@@ -156,7 +156,7 @@ def local_model(post, X):
 
     def vae_local_posterior():
         with numpyro.plate("data", X.shape[0]):
-            z = numpyro.sample("z", dist.Normal(jnp.zeros(latent_dim), 1.0).to_event(1))
+            z = numpyro.sample("z", model.prior(X.shape[0]))
             numpyro.sample("x", model.observation(model.decode(params, z), params), obs=X)
 
     if X.shape[0] * latent_dim > 10_000:

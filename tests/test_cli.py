@@ -35,6 +35,34 @@ def test_csv_file_with_target_column(tmp_path, capsys):
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 0
 
 
+def test_fit_and_show_a_vae_with_its_figure(tmp_path, capsys):
+    out = tmp_path / "vae"
+    args = ["fit", "--model", "vae", "--data", "digits_binary", "--method", "svi", "--set", "objective=iwae",
+            "--set", "num_particles=8", "--set", "steps=300", "--set", "batch_size=128", "--set", "latent_dim=2",
+            "--set", "hidden=16", "--out", str(out), "--no-progress"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "log_px" in printed and "active_units" in printed and "iwae" in printed
+    assert (out / "vae.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    assert "log_px" in shown and "vae.png" in shown
+
+
+def test_vae_on_an_unlabelled_csv(tmp_path, capsys):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    csv = tmp_path / "pixels.csv"
+    rows = (rng.random((60, 6)) > 0.5).astype(int)
+    csv.write_text("\n".join([",".join(f"p{i}" for i in range(6))] + [",".join(map(str, r)) for r in rows]))
+    assert main(["fit", "--model", "vae", "--data", str(csv), "--method", "svi", "--set", "steps=100",
+                 "--set", "latent_dim=2", "--set", "hidden=8", "--out", str(tmp_path / "r"), "--no-progress"]) == 0
+    assert main(["fit", "--model", "vae", "--data", str(csv), "--target", "p0", "--method", "svi",
+                 "--out", str(tmp_path / "r2"), "--no-progress"]) == 2
+    assert "drop --target" in capsys.readouterr().err
+
+
 def test_datasets_and_methods(capsys):
     assert main(["datasets"]) == 0
     assert "breast_cancer" in capsys.readouterr().out

@@ -80,14 +80,31 @@ def test_svi_mean_field_reaches_closed_form_optimum(linear_data, linear_model, l
     assert np.all(np.abs(np.asarray(q.mean) - linear_truth["mean"]) <= 0.1 * np.sqrt(optimum_var))
 
 
-def test_svi_mean_field_cold_optimum_scales_with_temperature(linear_data, linear_model, linear_truth):
-    temperature = 2.0
+@pytest.mark.parametrize("temperature", [0.1, 1.0, 3.0])
+def test_svi_mean_field_cold_optimum_scales_with_temperature(linear_data, linear_model, linear_truth, temperature):
+    # Cold posterior p(θ | D)^(1/T) of a Gaussian: N(μ, T Σ); its mean-field optimum is N(μ, T·d), d_p = 1/Λ_pp.
     post = ppl.fit(
         linear_model, linear_data.train, method="svi", seed=0, guide="mean_field", temperature=temperature, tempering="cold"
     )
     optimum_var = temperature / np.diag(linear_truth["precision"])
     np.testing.assert_allclose(np.asarray(post.approximation.variance()), optimum_var, rtol=0.15)
     assert np.all(np.abs(np.asarray(post.approximation.mean) - linear_truth["mean"]) <= 0.1 * np.sqrt(optimum_var))
+
+
+def test_likelihood_tempering_matches_its_closed_form_under_nuts_and_full_rank_svi(linear_data, linear_model):
+    X, y = linear_data.train
+    truth = closed_form(np.asarray(X), np.asarray(y), temperature=3.0, tempering="likelihood")
+    sd_true = np.sqrt(np.diag(truth["cov"]))
+    nuts = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_chains=4, temperature=3.0)
+    draws = flat_params(nuts.draws)
+    mcse = draws.std(axis=(0, 1)) / np.sqrt(_arviz.ess(draws, "bulk"))
+    assert np.all(np.abs(draws.mean(axis=(0, 1)) - truth["mean"]) <= 4 * mcse)
+    np.testing.assert_allclose(draws.std(axis=(0, 1)), sd_true, rtol=0.10)  # ESS ≥ 1000: 5 sigma of an sd
+    svi = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="full_rank", temperature=3.0)
+    q = svi.approximation
+    assert svi.info["converged"]
+    assert np.all(np.abs(np.asarray(q.mean) - truth["mean"]) <= 0.1 * sd_true)
+    np.testing.assert_allclose(np.sqrt(np.asarray(q.variance())), sd_true, rtol=0.15)
 
 
 def test_map_is_the_posterior_mode(linear_data, linear_model, linear_truth):
