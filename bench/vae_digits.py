@@ -33,7 +33,8 @@ At 3e-3 the ELBO model's held-out log p(x) peaks near 10000 steps (20000 is wors
 log p(x) keeps improving, test does not — the data set is small and the networks overfit), and the
 IWAE model has plateaued by 5000 (5000 and 10000 within 0.03 nats). 1e-3 converges more slowly
 and is still worse at 10000 steps for both. So S = 10000 at 3e-3 is where both objectives have
-converged on held-out data, and the same S and learning rate are used for every row. Total run
+converged on held-out data, and the same S and learning rate are used for every row (the DReG
+row was not part of the sweep; it simply uses the same settings). Total run
 time on 2 shared CPU cores: about 5 minutes.
 """
 

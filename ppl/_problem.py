@@ -342,28 +342,34 @@ class Problem:
         prior_weight = inv_t if self.tempering == "cold" else jnp.ones_like(inv_t)
         return prior_weight, inv_t * scale
 
+    def _weighted_terms(self, u: jax.Array, batch) -> tuple:
+        """(weighted log prior, weighted and scaled log likelihood, log Jacobian): the one place where
+        tempering and minibatch scaling are applied."""
+        _TRACES["logdensity"] += 1
+        terms = self.log_terms(u, batch)
+        prior_weight, lik_weight = self._weights(batch)
+        return prior_weight * terms.log_prior, lik_weight * terms.log_likelihood, terms.log_jacobian
+
     def logdensity_fn(self, u: jax.Array, batch=None) -> jax.Array:
         """Tempered, minibatch-scaled log density of the flat unconstrained vector ``u``."""
-        prior, likelihood = self.density_parts(u, batch)
-        return prior + likelihood
+        prior, likelihood, log_jacobian = self._weighted_terms(u, batch)
+        # Summed in this order always: samplers' trajectories amplify last-bit differences.
+        return prior + likelihood + log_jacobian
 
     def density_parts(self, u: jax.Array, batch=None, jacobian: bool = True) -> tuple:
         """``logdensity_fn`` split in two: (prior side, likelihood side).
 
         The prior side is the weighted log prior plus the log Jacobian (left out with
         ``jacobian=False``: then the sum is ``log_joint``), the likelihood side the tempered,
-        minibatch-scaled log likelihood; they sum to ``logdensity_fn``. Objectives that weigh the
-        prior/KL side (β, KL warm-up) use the split.
+        minibatch-scaled log likelihood. Objectives that weigh the prior/KL side (β, KL warm-up)
+        use the split.
         """
-        _TRACES["logdensity"] += 1
-        terms = self.log_terms(u, batch)
-        prior_weight, lik_weight = self._weights(batch)
-        prior = prior_weight * terms.log_prior + (terms.log_jacobian if jacobian else 0.0)
-        return prior, lik_weight * terms.log_likelihood
+        prior, likelihood, log_jacobian = self._weighted_terms(u, batch)
+        return (prior + log_jacobian if jacobian else prior), likelihood
 
     def log_joint(self, u: jax.Array, batch=None) -> jax.Array:
         """Like ``logdensity_fn`` without the Jacobian: its maximiser is the constrained-space MAP."""
-        prior, likelihood = self.density_parts(u, batch, jacobian=False)
+        prior, likelihood, _ = self._weighted_terms(u, batch)
         return prior + likelihood
 
     def pointwise_loglik(self, u: jax.Array, batch=None) -> jax.Array:
