@@ -249,7 +249,8 @@ def flow_from_arrays(arrays: dict, dim: int) -> FlowFamily:
     num_flows = int(arrays["num_flows"])
     if not 1 <= num_flows <= 64 or not hidden or any(not dim <= h <= 1 << 16 for h in hidden):
         raise ValueError(f"flow sizes num_flows={num_flows}, hidden={hidden} are out of range for dimension {dim}")
-    template = jax.eval_shape(lambda: flow_weights(dim, hidden, num_flows, jax.random.PRNGKey(0), jnp.float64))
+    dtype = np.asarray(arrays["weights"]).dtype
+    template = jax.eval_shape(lambda: flow_weights(dim, hidden, num_flows, jax.random.PRNGKey(0), dtype))
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), template)
     flat, unravel = ravel_pytree(zeros)
     weights = np.asarray(arrays["weights"])

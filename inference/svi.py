@@ -249,7 +249,9 @@ class SVI(Method):
             return starting_frame(problem, key, self.init, self.batch_size, self.learning_rate)
         # A model with local latents starts from its own network initialisation (a MAP of the
         # decoder would need the local latents integrated out first).
-        start = problem.unconstrain(problem.model.initial_params(key, problem.data_X.shape[-1]))
+        start = problem.unconstrain(
+            problem.model.initial_params(key, problem.data_X.shape[-1], problem.init_params.dtype)
+        )
         return Frame.plain(start), f"started at the model's network initialisation with sd {INIT_SCALE}"
 
     def check(self, problem) -> None:

@@ -78,7 +78,8 @@ class Encoder:
     hidden: tuple
     activation: str = "relu"
 
-    def init(self, key, dtype=jnp.float64) -> list:
+    def init(self, key, dtype=None) -> list:
+        dtype = jnp.zeros(()).dtype if dtype is None else dtype
         layers = init_dense(key, (self.input_dim, *self.hidden, 2 * self.latent_dim), dtype)
         # Start with s(x) ≈ 0.1·softplus⁻¹… : a small, data-independent spread (bias −2.25 → s ≈ 0.1).
         weight, bias = layers[-1]
@@ -161,9 +162,11 @@ class VAE:
     def bind(self, X, y=None):
         return self
 
-    def initial_params(self, key, data_dim: int) -> dict:
-        """Constrained starting values of the global sites: Glorot-initialised decoder, sigma = 1."""
-        layers = init_dense(key, (self.latent_dim, *self.decoder_widths, int(data_dim)), jnp.float64)
+    def initial_params(self, key, data_dim: int, dtype=None) -> dict:
+        """Constrained starting values of the global sites: Glorot-initialised decoder, sigma = 1
+        (``dtype``: JAX's default float unless given)."""
+        dtype = jnp.zeros(()).dtype if dtype is None else dtype
+        layers = init_dense(key, (self.latent_dim, *self.decoder_widths, int(data_dim)), dtype)
         params = {}
         for i, (weight, bias) in enumerate(layers):
             params[f"w{i}"], params[f"b{i}"] = weight, bias
