@@ -177,7 +177,7 @@ class SVI(Method):
     kl_warmup: int = 0
     gradient: str = "standard"
     num_flows: int = 2
-    hidden: int | None = None
+    flow_hidden: int | None = None
     local_reparam: bool = False
 
     def __post_init__(self):
@@ -191,8 +191,8 @@ class SVI(Method):
             check_positive_int(self.name, option, getattr(self, option))
         check_positive_int(self.name, "kl_warmup", self.kl_warmup, allow_zero=True)
         check_positive(self.name, "learning_rate", self.learning_rate)
-        if self.hidden is not None:
-            check_positive_int(self.name, "hidden", self.hidden)
+        if self.flow_hidden is not None:
+            check_positive_int(self.name, "flow_hidden", self.flow_hidden)
         if not self.beta >= 0:
             raise OptionError(f"svi: beta must be ≥ 0 (the weight on the prior/KL side), got {self.beta!r}")
         if self.objective == "renyi" and self.alpha == 1:
@@ -227,7 +227,7 @@ class SVI(Method):
         return "mean_field"
 
     def guide_object(self, problem):
-        guide = make_guide(self.global_guide_name(problem), rank=self.rank, num_flows=self.num_flows, hidden=self.hidden)
+        guide = make_guide(self.global_guide_name(problem), rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden)
         if problem.local_sites:
             guide = WithLocal(guide, Amortized(problem.model.encoder(problem.data_X.shape[-1])))
         return guide
@@ -293,10 +293,10 @@ class SVI(Method):
                 self.name, what, dim, itemsize, copies=4,
                 alternatives="guide='low_rank' (rank=...) or 'mean_field'",
             )
-        if self.guide == "flow" and self.hidden is not None and self.hidden < dim:
+        if self.guide == "flow" and self.flow_hidden is not None and self.flow_hidden < dim:
             raise OptionError(
-                f"svi: a flow's autoregressive network needs hidden ≥ the number of parameters ({dim}); got "
-                f"hidden={self.hidden} — raise it or leave it None (2 × parameters)"
+                f"svi: a flow's autoregressive network needs flow_hidden ≥ the number of parameters ({dim}); got "
+                f"flow_hidden={self.flow_hidden} — raise it or leave it None (2 × parameters)"
             )
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:

@@ -126,7 +126,7 @@ def test_every_guide_objective_combination_fits_saves_and_diagnoses(guide, objec
         ({"gradient": "dreg"}, "applies to objective='iwae'"),
         ({"guide": "delta", "objective": "iwae"}, "no density"),
         ({"beta": -1.0}, "beta must be ≥ 0"),
-        ({"guide": "flow", "hidden": 2}, "hidden ≥ the number of parameters"),
+        ({"guide": "flow", "flow_hidden": 2}, "flow_hidden ≥ the number of parameters"),
     ],
 )
 def test_bad_svi_options_are_refused_before_compiling(options, message, linear_model, linear_data):
