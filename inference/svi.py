@@ -87,9 +87,9 @@ def _negative_hessian(problem, u, chunk: int = 32):
 def frame_from_hessian(mode, hessian) -> Frame:
     """The frame S Sᵀ = H⁻¹ at ``mode`` (H symmetrised; untrusted eigenvalues get sd INIT_SCALE)."""
     hessian = np.asarray(hessian, dtype=float)
-    hessian = 0.5 * (hessian + hessian.T)
-    if not np.all(np.isfinite(hessian)):
+    if not np.all(np.isfinite(hessian)) or np.max(np.abs(hessian)) > 1e300:
         return Frame.plain(mode)
+    hessian = 0.5 * (hessian + hessian.T)
     evals, evecs = np.linalg.eigh(hessian)
     trusted = evals > _EIGEN_RTOL * max(float(evals.max()), 0.0)
     evals = np.where(trusted & (evals > 0), evals, 1.0 / INIT_SCALE**2)
@@ -113,17 +113,30 @@ def starting_frame(problem, key, init: str, batch_size: int | None, learning_rat
         config = OptimizerConfig("lbfgs", MAP_INIT_STEPS)
     else:
         config = OptimizerConfig("adam", MAP_INIT_STEPS, "cosine", batch_size)
+    fallback = f"started at the prior median with sd {INIT_SCALE}"
+    objective = NegativeLogDensity()
     try:
-        mode = minimize(
-            NegativeLogDensity(), config, problem, start, key, learning_rate=learning_rate, label="svi start (map)"
-        ).params
+        result = minimize(objective, config, problem, start, key, learning_rate=learning_rate, label="svi start (map)")
     except NonFiniteError as error:
-        return Frame.plain(start), f"the MAP start failed ({error}); started at the prior median with sd {INIT_SCALE}"
+        return Frame.plain(start), f"the MAP start failed ({error}); {fallback}"
+    mode = result.params
+    if not bool(jnp.all(jnp.isfinite(mode))):
+        return Frame.plain(start), f"the MAP start reached non-finite values; {fallback}"
+    if batch_size is None:
+        # A density without a mode (a funnel's log τ → −∞) sends L-BFGS off to infinity: judge the
+        # climb as map judges itself, and start from the median when it did not settle.
+        start_norm = float(_full_gradient(objective, problem, start, key)[1])
+        final_norm = float(_full_gradient(objective, problem, mode, key)[1])
+        judged = loss_convergence(result.losses, None, gradient=(start_norm, final_norm), stochastic=False)
+        if not judged["converged"]:
+            return Frame.plain(start), f"the MAP start did not settle ({judged['convergence']}); {fallback}"
     if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
         frame = frame_from_hessian(mode, _negative_hessian(problem, mode))
         if frame.tril is not None:
             return frame, "started at the Laplace approximation (mode and inverse Hessian of the unconstrained density)"
-        return frame, "started at the mode with the inverse Hessian's diagonal"
+        if frame.init_scale == 1.0:
+            return frame, "started at the mode with the inverse Hessian's diagonal"
+        return frame, f"started at the mode with sd {INIT_SCALE} (the Hessian there is not finite)"
     why = "minibatches" if batch_size is not None else f"more than {DENSE_FRAME_MAX} parameters"
     return Frame.plain(mode), f"started at the mode with sd {INIT_SCALE} (no Hessian frame: {why})"
 

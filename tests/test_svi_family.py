@@ -167,3 +167,22 @@ def test_local_reparam_targets_the_same_elbo(linear_model, linear_data, linear_t
     assert np.all(np.abs(np.asarray(local.approximation.mean) - np.asarray(plain.approximation.mean)) <= 0.1 * sd)
     np.testing.assert_allclose(np.asarray(local.approximation.variance()), np.asarray(plain.approximation.variance()),
                                rtol=0.15)
+
+
+def test_a_density_without_a_mode_starts_from_the_prior_median():
+    """The centred hierarchy's unconstrained density grows without bound as log τ → −∞: L-BFGS runs
+    off to infinity. The start must notice and fall back, not build a frame from an overflowed Hessian."""
+    import numpyro
+    import numpyro.distributions as dist
+
+    def centred(y, sigma):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        tau = numpyro.sample("tau", dist.HalfCauchy(5.0))
+        with numpyro.plate("data", y.shape[0]):
+            theta = numpyro.sample("theta", dist.Normal(mu, tau))
+            numpyro.sample("y", dist.Normal(theta, sigma), obs=y)
+
+    data = {"y": np.array([2.0, -1.0, 0.5, 1.5]), "sigma": np.ones(4)}
+    post = ppl.fit(centred, data, method="svi", seed=0, steps=300)
+    assert "did not settle" in post.info["start"] or "non-finite" in post.info["start"], post.info["start"]
+    assert all(np.all(np.isfinite(v)) for v in post.draws.values())
