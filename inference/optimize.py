@@ -160,8 +160,15 @@ def stationarity(objective, problem, params, key, loss_scale: float = 1.0) -> tu
     from scipy import stats
 
     draws = np.asarray(_gradient_draws(objective, problem, params, key))
-    mean, sd = draws.mean(axis=0), draws.std(axis=0, ddof=1)
-    live = np.abs(mean) > 1e-9 * max(1.0, abs(float(loss_scale)))
+    if not np.all(np.isfinite(draws)):
+        return float("inf"), 0.0  # a gradient that overflowed: nothing settled
+    # Each coordinate in units of its own largest draw: t-ratios do not change, squares of
+    # gradients near 1e300 do not overflow.
+    unit = np.max(np.abs(draws), axis=0)
+    unit = np.where(unit > 0, unit, 1.0)
+    scaled = draws / unit
+    mean, sd = scaled.mean(axis=0), scaled.std(axis=0, ddof=1)
+    live = np.abs(mean * unit) > 1e-9 * max(1.0, abs(float(loss_scale)))
     if not np.any(live):
         return 0.0, float("inf")
     with np.errstate(divide="ignore", invalid="ignore"):
