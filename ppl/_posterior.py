@@ -367,10 +367,11 @@ class Posterior:
                 f"X has {X.shape[1]} features but the model was fitted on {self.problem.data[0].shape[1]}"
             )
         key = as_key(seed)
-        if mode != "mc" and not self.has_density:
+        if mode != "mc" and not (self.has_density and hasattr(self.approximation, "covariance_sqrt")):
             raise TypeError(
                 f"mode={mode!r} needs a Gaussian posterior over weights (exact, svi with a Gaussian guide); "
-                f"{self.method!r} has none — use mode='mc'"
+                f"{self.method!r} has none (its approximation: "
+                f"{getattr(self.approximation, 'kind', 'draws only')}) — use mode='mc'"
             )
         task = "regression" if self.problem.likelihood == "gaussian" else "classification"
         outputs = self.problem.model.output_dim() if task == "classification" else 1

@@ -186,3 +186,13 @@ def test_a_density_without_a_mode_starts_from_the_prior_median():
     post = ppl.fit(centred, data, method="svi", seed=0, steps=300)
     assert "did not settle" in post.info["start"] or "non-finite" in post.info["start"], post.info["start"]
     assert all(np.all(np.isfinite(v)) for v in post.draws.values())
+
+
+def test_a_flow_guide_predicts_by_sampling_and_refuses_gaussian_shortcuts():
+    moons = ppl.datasets.load("two_moons", seed=0)
+    model = ppl.models.LogisticRegression()
+    post = ppl.fit(model, moons.train, method="svi", seed=0, guide="flow", steps=300, num_draws=100)
+    assert post.predict(moons.test.X, seed=1).probs.shape == (moons.test.X.shape[0], 2)
+    for mode in ("linearized", "probit"):
+        with pytest.raises(TypeError, match="flow"):
+            post.predict(moons.test.X, seed=1, mode=mode)
