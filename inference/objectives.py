@@ -157,16 +157,25 @@ def _normal_log_prob(z, loc, scale):
     return jnp.sum(-0.5 * jnp.square((z - loc) / scale) - jnp.log(scale) - 0.5 * math.log(2.0 * math.pi), axis=-1)
 
 
-def local_log_weights(guide, params, problem, key, X, num: int, *, beta=1.0, u=None):
+def _local_terms(problem, u, X, eps, loc, scale, q_loc, q_scale):
+    """z = loc + scale·eps for noise eps (K, B, L); returns the global prior and Jacobian of ``u``
+    (from the first draw), and per draw and datum log p(z), log p(x | z, u) and log q(z | x) under
+    N(q_loc, q_scale²) — the one evaluation behind every local-latent bound and report."""
+    z = loc[None] + scale[None] * eps
+    global_prior, log_jacobian, local_prior, likelihood = jax.vmap(lambda zk: problem.local_terms(u, zk, X))(z)
+    return global_prior[0], log_jacobian[0], local_prior, likelihood, _normal_log_prob(z, q_loc[None], q_scale[None])
+
+
+def local_log_weights(guide, params, problem, key, X, num: int, *, u=None):
     """Per-datum log weights (num, B) of the local latents at global ``u`` (the global guide's
-    mean when None): log p(x_i | z) + β (log p(z) − log q(z | x_i)), z ∼ q(z | x_i). Also returns
-    the per-datum log p(x_i, z) and log q(z | x_i) (for k-hat and reports)."""
+    mean when None): log p(x_i, z) − log q(z | x_i), z ∼ q(z | x_i). Also returns the per-datum
+    log p(x_i, z) and log q(z | x_i) (for k-hat and reports)."""
     u = guide.family(params).mean if u is None else u
     loc, scale = guide.local.encode(params["local"], X)
-    z = loc[None] + scale[None] * jax.random.normal(key, (num, *loc.shape), dtype=loc.dtype)
-    _, _, local_prior, likelihood = jax.vmap(lambda zk: problem.local_terms(u, zk, X))(z)
-    log_q = _normal_log_prob(z, loc[None], scale[None])
-    return likelihood + beta * (local_prior - log_q), local_prior + likelihood, log_q
+    eps = jax.random.normal(key, (num, *loc.shape), dtype=loc.dtype)
+    _, _, local_prior, likelihood, log_q = _local_terms(problem, u, X, eps, loc, scale, loc, scale)
+    log_joint = local_prior + likelihood
+    return log_joint - log_q, log_joint, log_q
 
 
 def local_loss(objective, guide, params, problem, key, batch, step=None):
@@ -196,10 +205,10 @@ def local_loss(objective, guide, params, problem, key, batch, step=None):
     eps = jax.random.normal(local_key, (objective.num_particles, *loc.shape), dtype=loc.dtype)
 
     def log_weights(u, loc, scale, q_loc, q_scale):
-        z = loc[None] + scale[None] * eps
-        global_prior, log_jacobian, local_prior, likelihood = jax.vmap(lambda zk: problem.local_terms(u, zk, X))(z)
-        global_side = prior_weight * global_prior[0] + log_jacobian[0]
-        return likelihood + b * (local_prior - _normal_log_prob(z, q_loc[None], q_scale[None])), global_side
+        global_prior, log_jacobian, local_prior, likelihood, log_q = _local_terms(
+            problem, u, X, eps, loc, scale, q_loc, q_scale
+        )
+        return likelihood + b * (local_prior - log_q), prior_weight * global_prior + log_jacobian
 
     stop = jax.lax.stop_gradient
     if objective.gradient == "dreg":

@@ -323,16 +323,13 @@ class Problem:
         f = h if self.likelihood == "categorical" else h[..., 0]
         return jnp.sum(self.model.observation(f, params).log_prob(y))
 
-    def weights(self, batch=None) -> tuple:
-        """(prior weight, likelihood weight): tempering and the N/B minibatch scale, the only place
-        they are applied. Local prior terms take the likelihood's weight (they are per datum)."""
-        return self._weights(batch)
-
     def log_jacobian(self, u: jax.Array) -> jax.Array:
         """log |det ∂θ/∂u| of the constraining transforms at ``u``."""
         return self._trace(u, self.data)[1]
 
-    def _weights(self, batch):
+    def weights(self, batch=None) -> tuple:
+        """(prior weight, likelihood weight): tempering and the N/B minibatch scale, the only place
+        they are applied. Local prior terms take the likelihood's weight (they are per datum)."""
         scale = 1.0
         if self.is_declarative and batch is not None:
             scale = self.num_data / batch[0].shape[0]
@@ -347,7 +344,7 @@ class Problem:
         tempering and minibatch scaling are applied."""
         _TRACES["logdensity"] += 1
         terms = self.log_terms(u, batch)
-        prior_weight, lik_weight = self._weights(batch)
+        prior_weight, lik_weight = self.weights(batch)
         return prior_weight * terms.log_prior, lik_weight * terms.log_likelihood, terms.log_jacobian
 
     def logdensity_fn(self, u: jax.Array, batch=None) -> jax.Array:
