@@ -7,6 +7,16 @@ linearised predictions are written once:
 * :class:`Diagonal` — Σ = diag(d²)
 * :class:`LowRankDiagonal` — Σ = diag(d²) + W Wᵀ (W is P × r)
 * :class:`Full` — Σ = L Lᵀ with L lower triangular
+* :class:`Kronecker` — one dense layer's K-FAC posterior, precision w·(A ⊗ G) + δ I, kept as the
+  eigenbases of A and G and the (a × g) grid of posterior standard deviations along them
+* :class:`PrecisionLowRank` — precision diag(d) + U diag(λ) Uᵀ (a low-rank curvature from its
+  eigenpairs plus a diagonal prior), kept as a symmetric square root of Σ
+* :class:`Subset` — a block-diagonal Gaussian over some coordinates (last layer, subnetwork, or
+  all of them); the others are held at the mean (zero variance)
+
+Every operator also gives ``jacobian_variance(jac)``: J Σ Jᵀ for Jacobians ``jac`` (..., C, dim) of
+a network's C outputs, the output covariance of the linearised network, computed from its
+structure without a dense P × P matrix. :class:`Mixture` is a weighted mixture of such Gaussians.
 
 :class:`PointMass` is the degenerate member used by point estimates (MAP, the delta guide): it
 samples its location and has no density.
@@ -22,7 +32,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-__all__ = ["Gaussian", "Diagonal", "LowRankDiagonal", "Full", "PointMass", "from_arrays", "draw"]
+__all__ = [
+    "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "PrecisionLowRank", "Subset", "Mixture",
+    "PointMass", "from_arrays", "draw",
+]
 
 _LOG_2PI = math.log(2.0 * math.pi)
 
@@ -63,8 +76,9 @@ class Diagonal:
     def variance(self):
         return jnp.square(self.scale)
 
-    def sqrt_dense(self):
-        return jnp.diag(self.scale)
+    def jacobian_variance(self, jac):
+        scaled = jac * jnp.broadcast_to(self.scale, jac.shape)
+        return scaled @ jnp.swapaxes(scaled, -1, -2)
 
     def arrays(self) -> dict:
         return {"scale": self.scale}
@@ -118,8 +132,9 @@ class LowRankDiagonal:
     def variance(self):
         return jnp.square(self.diag_scale) + jnp.sum(jnp.square(self.factor), axis=-1)
 
-    def sqrt_dense(self):
-        return jnp.concatenate([jnp.diag(self.diag_scale), self.factor], axis=1)
+    def jacobian_variance(self, jac):
+        scaled, projected = jac * jnp.broadcast_to(self.diag_scale, jac.shape), jac @ self.factor
+        return scaled @ jnp.swapaxes(scaled, -1, -2) + projected @ jnp.swapaxes(projected, -1, -2)
 
     def arrays(self) -> dict:
         return {"factor": self.factor, "diag_scale": self.diag_scale}
@@ -162,14 +177,218 @@ class Full:
     def variance(self):
         return jnp.sum(jnp.square(self.scale_tril), axis=-1)
 
-    def sqrt_dense(self):
-        return self.scale_tril
+    def jacobian_variance(self, jac):
+        projected = jac @ self.scale_tril
+        return projected @ jnp.swapaxes(projected, -1, -2)
 
     def arrays(self) -> dict:
         return {"scale_tril": self.scale_tril}
 
 
-_OPERATORS = {cls.kind: cls for cls in (Diagonal, LowRankDiagonal, Full)}
+@jax.tree_util.register_pytree_node_class
+class Kronecker:
+    """One dense layer's K-FAC posterior over its (fan_in + 1) × fan_out augmented weights.
+
+    The layer's weights and bias, flattened row by row as ``[W; b]`` (the bias a homogeneous input
+    coordinate), have precision w·(A ⊗ G) + δ I. With A = Q_A diag(a) Q_Aᵀ and G = Q_G diag(g) Q_Gᵀ
+    that is (Q_A ⊗ Q_G) diag(w a ⊗ g + δ) (Q_A ⊗ Q_G)ᵀ, so Σ^(1/2) ε = vec(Q_A (S ∘ E) Q_Gᵀ) with
+    ``scale`` S_ij = (w a_i g_j + δ)^(-1/2): nothing larger than A or G is ever formed.
+    """
+
+    kind = "kronecker"
+
+    def __init__(self, qa, qg, scale):
+        self.qa, self.qg, self.scale = qa, qg, scale
+
+    def tree_flatten(self):
+        return (self.qa, self.qg, self.scale), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def dim(self) -> int:
+        return self.scale.shape[0] * self.scale.shape[1]
+
+    @property
+    def noise_dim(self) -> int:
+        return self.dim
+
+    def _grid(self, x):
+        return jnp.reshape(x, (*x.shape[:-1], *self.scale.shape))
+
+    def _rotate_in(self, x):
+        """Coordinates of x (..., dim) in the eigenbasis: Q_Aᵀ X Q_G, shape (..., a, g)."""
+        return jnp.einsum("...ij,ia,jb->...ab", self._grid(x), self.qa, self.qg)
+
+    def transform_noise(self, eps):
+        grid = self._grid(eps)
+        grid = jnp.einsum("...ab,ia,jb->...ij", grid * jnp.broadcast_to(self.scale, grid.shape), self.qa, self.qg)
+        return jnp.reshape(grid, eps.shape)
+
+    def log_det(self):
+        return 2.0 * jnp.sum(jnp.log(self.scale))
+
+    def whitened_sq_norm(self, x):
+        rotated = self._rotate_in(x)
+        return jnp.sum(jnp.square(rotated / jnp.broadcast_to(self.scale, rotated.shape)), axis=(-2, -1))
+
+    def variance(self):
+        return jnp.ravel(jnp.square(self.qa) @ jnp.square(self.scale) @ jnp.square(self.qg).T)
+
+    def jacobian_variance(self, jac):
+        rotated = self._rotate_in(jac)
+        rotated = rotated * jnp.broadcast_to(self.scale, rotated.shape)
+        return jnp.einsum("...cab,...dab->...cd", rotated, rotated)
+
+    def arrays(self) -> dict:
+        return {"qa": self.qa, "qg": self.qg, "scale": self.scale}
+
+
+@jax.tree_util.register_pytree_node_class
+class PrecisionLowRank:
+    """Σ = (diag(d) + U diag(λ) Uᵀ)⁻¹: a diagonal prior precision plus a rank-k curvature.
+
+    Kept as the symmetric square root Σ^(1/2) = diag(a)(I + B diag(e) Bᵀ) with a = d^(-1/2), B
+    (P × k) orthonormal and e ∈ (−1, 0]: with V = diag(a) U diag(λ)^(1/2) = B diag(s)^(1/2) Wᵀ,
+    (I + V Vᵀ)^(-1/2) = I + B diag((1 + s)^(-1/2) − 1) Bᵀ. See :meth:`from_eigenpairs`.
+    """
+
+    kind = "precision_low_rank"
+
+    def __init__(self, inv_sqrt_d, basis, coef):
+        self.inv_sqrt_d, self.basis, self.coef = inv_sqrt_d, basis, coef
+
+    @classmethod
+    def from_eigenpairs(cls, d, vectors, values):
+        """From a diagonal precision ``d`` (P,) and curvature eigenpairs: ``vectors`` (P, k), ``values`` (k,) ≥ 0."""
+        a = 1.0 / jnp.sqrt(d)
+        v = a[:, None] * vectors * jnp.sqrt(jnp.maximum(values, 0.0))[None, :]
+        q, r = jnp.linalg.qr(v)
+        s, w = jnp.linalg.eigh(r @ r.T)
+        return cls(a, q @ w, 1.0 / jnp.sqrt(1.0 + jnp.maximum(s, 0.0)) - 1.0)
+
+    def tree_flatten(self):
+        return (self.inv_sqrt_d, self.basis, self.coef), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def dim(self) -> int:
+        return self.inv_sqrt_d.shape[-1]
+
+    @property
+    def noise_dim(self) -> int:
+        return self.dim
+
+    def _inner(self, x, coef):
+        projected = x @ self.basis
+        return x + (projected * jnp.broadcast_to(coef, projected.shape)) @ self.basis.T
+
+    def _scale(self, x):
+        return jnp.broadcast_to(self.inv_sqrt_d, x.shape)
+
+    def transform_noise(self, eps):
+        return self._scale(eps) * self._inner(eps, self.coef)
+
+    def log_det(self):
+        return 2.0 * jnp.sum(jnp.log(self.inv_sqrt_d)) + 2.0 * jnp.sum(jnp.log1p(self.coef))
+
+    def whitened_sq_norm(self, x):
+        inverse = self._inner(x / self._scale(x), 1.0 / (1.0 + self.coef) - 1.0)
+        return jnp.sum(jnp.square(inverse), axis=-1)
+
+    def _squared_coef(self):
+        return jnp.square(1.0 + self.coef) - 1.0  # (I + B e Bᵀ)² = I + B ((1 + e)² − 1) Bᵀ
+
+    def variance(self):
+        return jnp.square(self.inv_sqrt_d) * (1.0 + jnp.square(self.basis) @ self._squared_coef())
+
+    def jacobian_variance(self, jac):
+        scaled = jac * self._scale(jac)
+        projected = scaled @ self.basis
+        weighted = projected * jnp.broadcast_to(self._squared_coef(), projected.shape)
+        return scaled @ jnp.swapaxes(scaled, -1, -2) + weighted @ jnp.swapaxes(projected, -1, -2)
+
+    def arrays(self) -> dict:
+        return {"inv_sqrt_d": self.inv_sqrt_d, "basis": self.basis, "coef": self.coef}
+
+
+@jax.tree_util.register_pytree_node_class
+class Subset:
+    """A block-diagonal Gaussian over the coordinates ``index`` (sorted); every other coordinate is
+    held at the mean. ``blocks`` cover ``index`` in order (one per K-FAC layer, or a single block).
+
+    Its density is that of the free coordinates, i.e. of q(θ_S) with θ_rest fixed: ``log_prob``,
+    the ELBO and PSIS k-hat of a last-layer or subnetwork posterior are therefore taken against the
+    conditional posterior p(θ_S | θ_rest, D).
+    """
+
+    def __init__(self, index, blocks: tuple, dim: int):
+        self.index, self.blocks, self._dim = index, tuple(blocks), int(dim)
+
+    def tree_flatten(self):
+        return (self.index, self.blocks), self._dim
+
+    @classmethod
+    def tree_unflatten(cls, dim, children):
+        return cls(children[0], children[1], dim)
+
+    @property
+    def kind(self) -> str:
+        return "subset:" + ",".join(block.kind for block in self.blocks)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    @property
+    def density_dim(self) -> int:
+        return sum(block.dim for block in self.blocks)
+
+    @property
+    def noise_dim(self) -> int:
+        return sum(block.noise_dim for block in self.blocks)
+
+    def _split(self, x, sizes):
+        edges = np.cumsum([0, *sizes])
+        return [x[..., edges[i] : edges[i + 1]] for i in range(len(sizes))]
+
+    def _free(self, x):
+        return jnp.take(x, self.index, axis=-1)
+
+    def transform_noise(self, eps):
+        parts = self._split(eps, [b.noise_dim for b in self.blocks])
+        free = jnp.concatenate([b.transform_noise(p) for b, p in zip(self.blocks, parts)], axis=-1)
+        return jnp.zeros((*eps.shape[:-1], self._dim), free.dtype).at[..., self.index].set(free)
+
+    def log_det(self):
+        return sum(block.log_det() for block in self.blocks)
+
+    def whitened_sq_norm(self, x):
+        parts = self._split(self._free(x), [b.dim for b in self.blocks])
+        return sum(b.whitened_sq_norm(p) for b, p in zip(self.blocks, parts))
+
+    def variance(self):
+        free = jnp.concatenate([b.variance() for b in self.blocks])
+        return jnp.zeros(self._dim, free.dtype).at[self.index].set(free)
+
+    def jacobian_variance(self, jac):
+        """J Σ Jᵀ for Jacobians over the free coordinates only (..., C, len(index))."""
+        parts = self._split(jac, [b.dim for b in self.blocks])
+        return sum(b.jacobian_variance(p) for b, p in zip(self.blocks, parts))
+
+    def arrays(self) -> dict:
+        out = {"index": self.index}
+        for i, block in enumerate(self.blocks):
+            out.update({f"b{i}_{k}": v for k, v in block.arrays().items()})
+        return out
+
+
+_OPERATORS = {cls.kind: cls for cls in (Diagonal, LowRankDiagonal, Full, Kronecker, PrecisionLowRank)}
 
 
 @jax.tree_util.register_pytree_node_class
@@ -210,17 +429,31 @@ class Gaussian:
         eps = jax.random.normal(key, (n, self.cov.noise_dim), dtype=self.loc.dtype)
         return self.loc[None, :] + self.cov.transform_noise(eps)
 
+    @property
+    def active_index(self):
+        """The coordinates with variance (None: all of them); Jacobians are needed for these only."""
+        return getattr(self.cov, "index", None)
+
+    @property
+    def density_dim(self) -> int:
+        return getattr(self.cov, "density_dim", self.cov.dim)
+
     def log_prob(self, x):
-        d = self.cov.dim
+        d = self.density_dim
         centred = x - jnp.broadcast_to(self.loc, jnp.shape(x))
         return -0.5 * (d * _LOG_2PI + self.cov.log_det() + self.cov.whitened_sq_norm(centred))
 
     def entropy(self):
-        return 0.5 * (self.cov.dim * (1.0 + _LOG_2PI) + self.cov.log_det())
+        return 0.5 * (self.density_dim * (1.0 + _LOG_2PI) + self.cov.log_det())
 
-    def covariance_sqrt(self):
-        """A dense S with Σ = S Sᵀ (P × K); used for exact linearised variances."""
-        return self.cov.sqrt_dense()
+    def covariance(self):
+        """The dense P × P covariance (for small problems and tests)."""
+        rows = self.cov.transform_noise(jnp.eye(self.cov.noise_dim, dtype=self.loc.dtype))
+        return rows.T @ rows
+
+    def output_covariance(self, jac):
+        """J Σ Jᵀ (..., C, C) of Jacobians ``jac`` (..., C, k) over :attr:`active_index` (all if None)."""
+        return self.cov.jacobian_variance(jac)
 
     def arrays(self) -> dict:
         return {"loc": self.loc, **self.cov.arrays()}
@@ -260,48 +493,198 @@ class PointMass:
         return {"loc": self.loc}
 
 
+@jax.tree_util.register_pytree_node_class
+class Mixture:
+    """Σ_m w_m q_m(θ) over Gaussian components of one layout (mixtures of Laplace, MultiSWAG).
+
+    Components over a :class:`Subset` hold their other coordinates at their own means, so a point
+    has density under component m only where those coordinates equal component m's; ``log_prob``
+    honours that (−inf elsewhere), which makes it the exact density of the mixture's draws.
+    """
+
+    has_density = True
+
+    def __init__(self, components: tuple, log_weights):
+        self.components, self.log_weights = tuple(components), log_weights
+
+    def tree_flatten(self):
+        return (self.components, self.log_weights), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def kind(self) -> str:
+        return f"mixture:{len(self.components)}:{self.components[0].kind}"
+
+    @property
+    def weights(self):
+        return jnp.exp(self.log_weights)
+
+    @property
+    def mean(self):
+        return sum(w * c.loc for w, c in zip(self.weights, self.components))
+
+    def variance(self):
+        second = sum(w * (c.variance() + jnp.square(c.loc)) for w, c in zip(self.weights, self.components))
+        return second - jnp.square(self.mean)
+
+    def sample(self, key, n: int):
+        pick_key, *keys = jax.random.split(key, len(self.components) + 1)
+        pick = jax.random.categorical(pick_key, self.log_weights, shape=(n,))
+        out = jnp.zeros((n, self.components[0].loc.shape[-1]), self.components[0].loc.dtype)
+        for m, (component, k) in enumerate(zip(self.components, keys)):
+            out = jnp.where((pick == m)[:, None], component.sample(k, n), out)
+        return out
+
+    def log_prob(self, x):
+        terms = []
+        for log_w, component in zip(self.log_weights, self.components):
+            log_q = component.log_prob(x)
+            index = component.active_index
+            if index is not None:
+                fixed = jnp.ones(component.loc.shape[-1], bool).at[index].set(False)
+                loc = jnp.broadcast_to(component.loc, jnp.shape(x))
+                on_support = jnp.all(jnp.where(jnp.broadcast_to(fixed, jnp.shape(x)), x == loc, True), axis=-1)
+                log_q = jnp.where(on_support, log_q, -jnp.inf)
+            terms.append(log_w + log_q)
+        return jax.scipy.special.logsumexp(jnp.stack(terms), axis=0)
+
+    def arrays(self) -> dict:
+        out = {"log_weights": self.log_weights}
+        for m, component in enumerate(self.components):
+            out.update({f"c{m}_{k}": v for k, v in component.arrays().items()})
+        return out
+
+
 @partial(jax.jit, static_argnames=("num",))
 def draw(family, key, num: int):
     """``num`` draws from any family (compiled once per family layout and ``num``)."""
     return family.sample(key, num)
 
 
-_FIELDS = {"point": ("loc",), "diagonal": ("loc", "scale"), "low_rank": ("loc", "factor", "diag_scale"),
-           "full": ("loc", "scale_tril")}
+_FIELDS = {
+    "diagonal": ("scale",), "low_rank": ("factor", "diag_scale"), "full": ("scale_tril",),
+    "kronecker": ("qa", "qg", "scale"), "precision_low_rank": ("inv_sqrt_d", "basis", "coef"),
+}
+MAX_MIXTURE_COMPONENTS = 1000
+
+
+def _prefixed(arrays: dict, prefix: str) -> dict:
+    return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+
+def _check_finite(arrays: dict) -> None:
+    for name, value in arrays.items():
+        if not np.issubdtype(np.asarray(value).dtype, np.number) or not np.all(np.isfinite(value)):
+            raise ValueError(f"array {name!r} holds non-finite or non-numeric values")
+
+
+def _shape(value, want: tuple, name: str) -> None:
+    if tuple(np.shape(value)) != tuple(want):
+        raise ValueError(f"array {name!r} has shape {list(np.shape(value))}; expected {list(want)}")
+
+
+def _operator_from_arrays(kind: str, arrays: dict, dim: int | None):
+    """One covariance operator of ``kind`` from its arrays, every shape and value checked."""
+    if kind not in _FIELDS:
+        raise ValueError(f"unknown covariance operator {kind!r}; known: {', '.join(_FIELDS)}")
+    if set(arrays) != set(_FIELDS[kind]):
+        raise ValueError(f"a {kind!r} operator needs arrays {_FIELDS[kind]}, got {sorted(arrays)}")
+    _check_finite(arrays)
+    if kind == "kronecker":
+        qa, qg, scale = (np.asarray(arrays[k]) for k in ("qa", "qg", "scale"))
+        if scale.ndim != 2:
+            raise ValueError(f"array 'scale' has shape {list(scale.shape)}; expected [fan_in + 1, fan_out]")
+        _shape(qa, (scale.shape[0],) * 2, "qa")
+        _shape(qg, (scale.shape[1],) * 2, "qg")
+        for name, q in (("qa", qa), ("qg", qg)):
+            if not np.allclose(q.T @ q, np.eye(q.shape[0]), atol=1e-6 * max(1, q.shape[0])):
+                raise ValueError(f"array {name!r} is not an orthonormal eigenbasis")
+        size = scale.size
+    elif kind == "precision_low_rank":
+        a, basis, coef = (np.asarray(arrays[k]) for k in ("inv_sqrt_d", "basis", "coef"))
+        size = a.shape[0] if a.ndim == 1 else -1
+        if basis.ndim != 2 or basis.shape[0] != size:
+            raise ValueError(f"array 'basis' has shape {list(basis.shape)}; expected [{size}, rank]")
+        _shape(coef, (basis.shape[1],), "coef")
+        if not (np.all(coef <= 0) and np.all(coef > -1)):
+            raise ValueError("array 'coef' must lie in (-1, 0]")
+        scale = a
+    elif kind == "full":
+        tril = np.asarray(arrays["scale_tril"])
+        size = tril.shape[0] if tril.ndim == 2 else -1
+        _shape(tril, (size, size), "scale_tril")
+        if np.any(np.triu(tril, 1) != 0) or not np.all(np.diag(tril) > 0):
+            raise ValueError("array 'scale_tril' must be lower triangular with a positive diagonal")
+        scale = np.diag(tril)
+    else:
+        scale = np.asarray(arrays["scale" if kind == "diagonal" else "diag_scale"])
+        size = scale.shape[0] if scale.ndim == 1 else -1
+        _shape(scale, (size,), "scale" if kind == "diagonal" else "diag_scale")
+        if kind == "low_rank":
+            factor = np.asarray(arrays["factor"])
+            if factor.ndim != 2 or factor.shape[0] != size:
+                raise ValueError(f"array 'factor' has shape {list(factor.shape)}; expected [{size}, rank]")
+    if not np.all(scale > 0):
+        raise ValueError(f"the {kind!r} operator's scales must be positive")
+    if dim is not None and size != dim:
+        raise ValueError(f"a {kind!r} operator over {size} coordinates where {dim} were expected")
+    return _OPERATORS[kind](**{k: jnp.asarray(v) for k, v in arrays.items()})
+
+
+def _subset_from_arrays(kinds: str, arrays: dict, dim: int):
+    index = np.asarray(arrays.get("index", np.zeros(0)))
+    if not np.issubdtype(index.dtype, np.integer) or index.ndim != 1 or index.size == 0:
+        raise ValueError("a subset needs a non-empty integer array 'index'")
+    if np.any(np.diff(index) <= 0) or index[0] < 0 or index[-1] >= dim:
+        raise ValueError(f"array 'index' must be strictly increasing within [0, {dim})")
+    names = kinds.split(",")
+    if not 1 <= len(names) <= 10_000:
+        raise ValueError(f"a subset has between 1 and 10000 blocks, not {len(names)}")
+    blocks = [_operator_from_arrays(k, _prefixed(arrays, f"b{i}_"), None) for i, k in enumerate(names)]
+    known = {"index"} | {f"b{i}_{k}" for i, k in enumerate(names) for k in _FIELDS[k]}
+    if set(arrays) != known:
+        raise ValueError(f"unexpected arrays for a subset: {sorted(set(arrays) - known)}")
+    if sum(b.dim for b in blocks) != index.size:
+        raise ValueError(f"the blocks cover {sum(b.dim for b in blocks)} coordinates but 'index' names {index.size}")
+    return Subset(jnp.asarray(index), tuple(blocks), dim)
 
 
 def from_arrays(kind: str, arrays: dict, dim: int | None = None):
     """Rebuild a family saved with ``family.kind`` and ``family.arrays()``, checking every array's
-    name, shape and values against the family (``dim``: the flat parameter count, when known)."""
+    name, shape and values against the family (``dim``: the flat parameter count, when known).
+
+    ``kind`` is read as data: a base name, ``subset:<block kinds, comma-separated>`` or
+    ``mixture:<count>:<component kind>``; nothing it names is imported or called."""
     if kind == "flow":
         from ppl.inference.guides import flow_from_arrays
 
         return flow_from_arrays(arrays, dim if dim is not None else int(np.shape(arrays["shift"])[-1]))
-    if kind not in _FIELDS:
-        raise ValueError(f"unknown Gaussian family kind {kind!r}; known: {', '.join(_FIELDS)}")
-    if set(arrays) != set(_FIELDS[kind]):
-        raise ValueError(f"a {kind!r} family needs arrays {_FIELDS[kind]}, got {sorted(arrays)}")
-    loc = arrays["loc"]
-    dim = loc.shape[-1] if dim is None and loc.ndim == 1 else dim
-    expected = {"loc": (dim,), "scale": (dim,), "diag_scale": (dim,), "scale_tril": (dim, dim)}
-    for name, value in arrays.items():
-        want = expected.get(name)
-        if name == "factor":
-            if value.ndim != 2 or value.shape[0] != dim:
-                raise ValueError(f"array {name!r} has shape {list(value.shape)}; expected [{dim}, rank]")
-        elif tuple(value.shape) != want:
-            raise ValueError(f"array {name!r} has shape {list(value.shape)}; expected {list(want)}")
-        if not np.all(np.isfinite(value)):
-            raise ValueError(f"array {name!r} holds non-finite values")
-    for name in ("scale", "diag_scale"):
-        if name in arrays and not np.all(arrays[name] > 0):
-            raise ValueError(f"array {name!r} must be positive")
-    if "scale_tril" in arrays:
-        tril = np.asarray(arrays["scale_tril"])
-        if np.any(np.triu(tril, 1) != 0) or not np.all(np.diag(tril) > 0):
-            raise ValueError("array 'scale_tril' must be lower triangular with a positive diagonal")
-    arrays = {k: jnp.asarray(v) for k, v in arrays.items()}
+    if kind.startswith("mixture:"):
+        _, count, component_kind = (kind.split(":", 2) + ["", ""])[:3]
+        if not count.isdigit() or not 1 <= int(count) <= MAX_MIXTURE_COMPONENTS or component_kind.startswith("mixture"):
+            raise ValueError(f"malformed mixture kind {kind!r}")
+        log_weights = np.asarray(arrays.get("log_weights", np.zeros(0)))
+        _shape(log_weights, (int(count),), "log_weights")
+        if not np.all(np.isfinite(log_weights)) or abs(float(np.logaddexp.reduce(log_weights))) > 1e-6:
+            raise ValueError("array 'log_weights' must be finite log weights summing to one")
+        components = [from_arrays(component_kind, _prefixed(arrays, f"c{m}_"), dim) for m in range(int(count))]
+        if any(isinstance(c, PointMass) for c in components):
+            raise ValueError("mixture components must be Gaussians")
+        return Mixture(tuple(components), jnp.asarray(log_weights))
+    loc = np.asarray(arrays.get("loc", np.zeros((0, 0))))
+    if loc.ndim != 1:
+        raise ValueError(f"array 'loc' has shape {list(loc.shape)}; expected [{dim}]")
+    dim = loc.shape[0] if dim is None else dim
+    _shape(loc, (dim,), "loc")
+    _check_finite({"loc": loc})
+    rest = {k: v for k, v in arrays.items() if k != "loc"}
     if kind == "point":
-        return PointMass(arrays["loc"])
-    loc = arrays.pop("loc")
-    return Gaussian(loc, _OPERATORS[kind](**arrays))
+        if rest:
+            raise ValueError(f"a 'point' family needs only 'loc', got {sorted(arrays)}")
+        return PointMass(jnp.asarray(loc))
+    if kind.startswith("subset:"):
+        return Gaussian(jnp.asarray(loc), _subset_from_arrays(kind[len("subset:"):], rest, dim))
+    return Gaussian(jnp.asarray(loc), _operator_from_arrays(kind, rest, dim))

@@ -70,6 +70,14 @@ class NegativeLogJoint:
         return -problem.log_joint(params, batch)
 
 
+@dataclass(frozen=True)
+class NegativeLogDensity:
+    """−log p̃(u | D) with the Jacobian: minimised at the mode of the unconstrained density."""
+
+    def __call__(self, params, problem, key, batch, step=None):
+        return -problem.logdensity_fn(params, batch)
+
+
 @partial(jax.jit, static_argnames=("config",))
 def _init_state(config, params, learning_rate):
     return config.build(learning_rate).init(params)

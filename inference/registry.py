@@ -18,6 +18,8 @@ METHODS = {
     "nuts": "ppl.inference.mcmc:NUTS",
     "hmc": "ppl.inference.mcmc:HMC",
     "svi": "ppl.inference.svi:SVI",
+    "laplace": "ppl.inference.laplace:Laplace",
+    "mola": "ppl.inference.mola:MoLA",
 }
 
 

@@ -45,11 +45,13 @@ from ppl.inference._base import (
     check_positive_int,
     check_stored_draws,
 )
+from ppl.inference import _curvature as curvature
 from ppl.inference._gaussian import draw
 from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, make_guide
 from ppl.inference.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
 from ppl.inference.optimize import (
     INITS,
+    NegativeLogDensity,
     OptimizerConfig,
     _full_gradient,
     _moved,
@@ -63,25 +65,6 @@ __all__ = ["SVI", "GUIDES", "OBJECTIVES", "starting_frame"]
 DENSE_FRAME_MAX = 2000  # most parameters for which init="map" computes the dense Hessian frame
 MAP_INIT_STEPS = 1000  # L-BFGS iterations (full batch) or Adam steps (minibatches) of the init
 _EIGEN_RTOL = 1e-10  # Hessian eigenvalues below this fraction of the largest are not trusted
-
-
-@dataclass(frozen=True)
-class NegativeLogDensity:
-    """−log p̃(u | D) with the Jacobian: minimised at the mode of the unconstrained density."""
-
-    def __call__(self, params, problem, key, batch, step=None):
-        return -problem.logdensity_fn(params, batch)
-
-
-@partial(jax.jit, static_argnames=("chunk",))
-def _negative_hessian(problem, u, chunk: int = 32):
-    """−∇² log p̃ at ``u``, one Hessian-vector product per column, ``chunk`` at a time."""
-    gradient = jax.grad(problem.logdensity_fn)
-
-    def column(direction):
-        return -jax.jvp(gradient, (u,), (direction,))[1]
-
-    return jax.lax.map(column, jnp.eye(u.shape[0], dtype=u.dtype), batch_size=chunk)
 
 
 def frame_from_hessian(mode, hessian) -> Frame:
@@ -131,7 +114,7 @@ def starting_frame(problem, key, init: str, batch_size: int | None, learning_rat
         if not judged["converged"]:
             return Frame.plain(start), f"the MAP start did not settle ({judged['convergence']}); {fallback}"
     if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
-        frame = frame_from_hessian(mode, _negative_hessian(problem, mode))
+        frame = frame_from_hessian(mode, curvature.hessian(problem, mode))
         if frame.tril is not None:
             return frame, "started at the Laplace approximation (mode and inverse Hessian of the unconstrained density)"
         if frame.init_scale == 1.0:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import numpyro
@@ -21,6 +22,11 @@ import numpyro.distributions as dist
 from ppl._errors import DataError
 
 LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
+ACTIVATIONS = {
+    "relu": jax.nn.relu,
+    "tanh": jnp.tanh,
+    "gelu": jax.nn.gelu,
+}
 DATA_PLATE = "data"
 OBSERVED_SITE = "y"
 
@@ -55,6 +61,61 @@ class SupervisedModel:
     @property
     def num_classes(self):
         return None
+
+    def forward(self, params: dict, X, taps=None) -> tuple:
+        """(output, inputs): the network's output for constrained ``params`` at ``X`` and the input
+        ``h`` (B, fan_in) of every dense layer in :meth:`layers` order.
+
+        ``taps``, when given, is one array (B, fan_out) per layer added to that layer's
+        pre-activation: the gradient of anything with respect to a tap is the gradient with respect
+        to the pre-activation (what K-FAC needs). ``apply`` is this forward pass without taps.
+        """
+        h, inputs = X, []
+        for i, layer in enumerate(self.layers(X.shape[-1])):
+            inputs.append(h)
+            pre = h @ jnp.reshape(params[layer.weight], (layer.fan_in, layer.fan_out))
+            if layer.bias is not None:
+                pre = pre + jnp.reshape(params[layer.bias], (1, layer.fan_out))
+            if taps is not None:
+                pre = pre + taps[i]
+            h = pre if layer.activation is None else ACTIVATIONS[layer.activation](pre)
+        return (h if self.likelihood == "categorical" else h[..., 0]), inputs
+
+    def apply(self, params: dict, X):
+        """The likelihood's natural parameter (mean or logits) at inputs ``X``."""
+        return self.forward(params, X)[0]
+
+    def output_hessian_sqrt(self, f, params: dict):
+        """L (B, C, C) with L Lᵀ = Λ(f), the Hessian of −log p(y | f) in the outputs f, per datum.
+
+        Λ does not depend on y for these likelihoods: 1/σ² (gaussian), p(1 − p) (bernoulli, p the
+        probability of class 1) and diag(p) − p pᵀ (categorical, whose square root is
+        diag(√p) − p √pᵀ since Σ p = 1). C = 1 for gaussian and bernoulli (``f`` of shape (B,)).
+        """
+        if self.likelihood == "gaussian":
+            root = jnp.broadcast_to(1.0 / self.noise(params), f.shape)
+            return root[:, None, None]
+        if self.likelihood == "bernoulli":
+            return jnp.exp(0.5 * (jax.nn.log_sigmoid(f) + jax.nn.log_sigmoid(-f)))[:, None, None]
+        p = jax.nn.softmax(f, axis=-1)
+        root = jnp.sqrt(p)
+        return jax.vmap(jnp.diag)(root) - p[:, :, None] * root[:, None, :]
+
+    # -- Gaussian weight priors (what Laplace's prior-precision options rewrite) ----------------
+    @property
+    def gaussian_prior(self) -> bool:
+        """Whether every weight and bias has a zero-mean Gaussian prior."""
+        return True
+
+    def with_prior_scales(self, scales: tuple):
+        """This model with N(0, scales[l]²) on the weights and biases of dense layer ``l``."""
+        raise NotImplementedError
+
+    def with_noise_scale(self, noise_scale: float):
+        """This model with the Gaussian observation noise fixed to ``noise_scale``."""
+        if self.likelihood != "gaussian" or "noise_scale" not in {f.name for f in dataclasses.fields(self)}:
+            raise ValueError(f"{type(self).__name__} has no Gaussian noise scale to fix")
+        return dataclasses.replace(self, noise_scale=float(noise_scale))
 
     def bind(self, X, y):
         """A copy with everything read from the data filled in (here: nothing)."""

@@ -11,18 +11,13 @@ import numpy as np
 import numpyro
 
 from ppl._errors import DataError
-from ppl.models._base import LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
-from ppl.models.priors import Isotropic, Prior
+from ppl.models._base import ACTIVATIONS, LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
+from ppl.models.priors import Isotropic, PerLayer, Prior, ScaleMixture
 
 __all__ = ["BNN", "ACTIVATIONS"]
 
 MAX_INFERRED_CLASSES = 10_000
 
-ACTIVATIONS = {
-    "relu": jax.nn.relu,
-    "tanh": jnp.tanh,
-    "gelu": jax.nn.gelu,
-}
 
 
 @dataclass(frozen=True)
@@ -105,13 +100,12 @@ class BNN(SupervisedModel):
             for i in range(len(widths) - 1)
         )
 
-    def apply(self, params: dict, X):
-        h = X
-        for layer in self.layers(X.shape[-1]):
-            h = h @ params[layer.weight] + params[layer.bias][None, :]
-            if layer.activation is not None:
-                h = ACTIVATIONS[layer.activation](h)
-        return h if self.likelihood == "categorical" else h[..., 0]
+    @property
+    def gaussian_prior(self) -> bool:
+        return not isinstance(self._prior, ScaleMixture)
+
+    def with_prior_scales(self, scales: tuple):
+        return dataclasses.replace(self, prior=PerLayer(tuple(float(s) for s in scales)))
 
     def __call__(self, X, y=None):
         params = {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import jax.numpy as jnp
@@ -23,12 +24,13 @@ class _Linear(SupervisedModel):
             params["b"] = numpyro.sample("b", dist.Normal(0.0, s))
         return params
 
-    def apply(self, params: dict, X):
-        f = X @ params["w"]
-        return f + params["b"] if self.bias else f
-
     def layers(self, input_dim: int) -> tuple:
         return (Layer("w", "b" if self.bias else None, input_dim, 1, None),)
+
+    def with_prior_scales(self, scales: tuple):
+        if len(scales) != 1:
+            raise ValueError(f"{type(self).__name__} has one layer, so one prior scale; got {len(scales)}")
+        return dataclasses.replace(self, prior_scale=float(scales[0]))
 
     def __call__(self, X, y=None):
         params = self._sample_coefficients(X.shape[-1])

@@ -30,7 +30,7 @@ from numpyro.distributions import constraints
 
 from ppl._errors import DataError
 from ppl.models._base import DATA_PLATE, check_choice, check_flag, check_scale
-from ppl.models.bnn import ACTIVATIONS
+from ppl.models._base import ACTIVATIONS
 
 __all__ = ["VAE", "Encoder", "LATENT_SITE", "OBSERVED_X", "SIGMA_FLOOR"]
 

@@ -567,7 +567,7 @@ _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_<>][A-Za-z0-9_<>]*){0,20
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 # The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
 _ARRAY_NAME = re.compile(
-    r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_]{1,32}|"
+    r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_][a-z0-9_]{0,47}|"
     r"info/[A-Za-z_][\w.-]{0,99}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99}|local/encoder)\.npy"
 )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax
@@ -16,7 +17,7 @@ from ppl._results import Prediction
 
 __all__ = ["Posterior", "as_key", "PREDICT_MODES"]
 
-PREDICT_MODES = ("mc", "linearized", "probit")
+PREDICT_MODES = ("mc", "linearized", "probit", "bridge")
 _CHUNK = 64  # draws per vectorised chunk when mapping a function over many draws
 
 
@@ -69,18 +70,80 @@ def _outputs_many(problem, flat, X):
 
 
 @jax.jit
-def _linearized_many(problem, mean, flat, X):
-    f_mean, jvp_fn = jax.linearize(lambda u: problem.apply(problem.constrain(u), X), mean)
-    deltas = jax.lax.map(jvp_fn, flat - mean[None, :], batch_size=_CHUNK)
-    noise = jax.lax.map(lambda u: _noise(problem, problem.constrain(u)), flat, batch_size=_CHUNK)
-    return f_mean[None] + deltas, noise
+def _output_moments(problem, family, X):
+    """Mean f(μ) (B, C) and covariance J Σ Jᵀ (B, C, C) of the network linearised at the mean of a
+    Gaussian ``family``; the Jacobians are taken over its free coordinates only."""
+    from ppl.inference import _curvature as curvature
+
+    u = family.loc
+    base = problem.constrain(u)
+    f = curvature._network(problem, u, base, X)
+    jac = curvature.output_jacobians(problem, u, X, family.active_index, base)
+    return f, family.output_covariance(jac)
 
 
-@jax.jit
-def _linearized_variance(problem, mean, sqrt_cov, X):
-    f_mean, jvp_fn = jax.linearize(lambda u: problem.apply(problem.constrain(u), X), mean)
-    columns = jax.lax.map(jvp_fn, sqrt_cov.T, batch_size=_CHUNK)
-    return f_mean, jnp.sum(jnp.square(columns), axis=0)
+def _linearized_outputs(problem, family, X):
+    """``_output_moments`` over X in chunks of rows sized so that each chunk's Jacobians stay
+    within the curvature service's chunk budget (the last chunk padded: one compiled shape)."""
+    from ppl.inference import _curvature as curvature
+
+    index = family.active_index
+    free = problem.num_params if index is None else int(index.shape[0])
+    outputs = problem.model.output_dim()
+    rows = min(X.shape[0], curvature.chunk_rows(outputs, free))
+    means, covs = [], []
+    for start in range(0, X.shape[0], rows):
+        part = X[start : start + rows]
+        short = rows - part.shape[0]
+        if short:
+            part = jnp.concatenate([part, jnp.repeat(part[-1:], short, axis=0)])
+        f, cov = jax.device_get(_output_moments(problem, family, part))
+        means.append(f[: rows - short])
+        covs.append(cov[: rows - short])
+    return np.concatenate(means), np.concatenate(covs)
+
+
+def _gaussian_components(approximation) -> list:
+    """[(weight, Gaussian)]: one for a Gaussian, the components of a Mixture."""
+    if hasattr(approximation, "components"):
+        return list(zip(np.asarray(approximation.weights), approximation.components))
+    return [(1.0, approximation)]
+
+
+def _sample_outputs(key, mean, cov, n: int) -> np.ndarray:
+    """n draws (n, N, C) from N(mean_i, cov_i) per input (a symmetric square root: cov may be singular)."""
+    values, vectors = np.linalg.eigh(cov)
+    root = vectors * np.sqrt(np.maximum(values, 0.0))[:, None, :]
+    eps = np.asarray(jax.random.normal(key, (n, *mean.shape), dtype=jnp.float64 if mean.dtype == np.float64 else None))
+    return mean[None] + np.einsum("ncd,snd->snc", root, eps.astype(mean.dtype))
+
+
+def _probit_probs(likelihood: str, mean, cov) -> np.ndarray:
+    """MacKay's probit approximation; for C classes each logit is scaled by its own variance."""
+    variance = np.diagonal(cov, axis1=-2, axis2=-1)
+    scaled = mean / np.sqrt(1.0 + math.pi * variance / 8.0)
+    return np.asarray(_class_probs(likelihood, scaled[..., 0] if likelihood == "bernoulli" else scaled))
+
+
+def _bridge_probs(likelihood: str, mean, cov) -> np.ndarray:
+    """The Laplace bridge (Hobbhahn, Kristiadi & Hennig 2022): the Dirichlet whose Laplace
+    approximation in the softmax basis matches the Gaussian over logits, and its mean.
+
+    Softmax ignores a shift common to all logits, so the Gaussian is first conditioned on Σ_c f_c = 0
+    (μ ← μ − Σ1 (1ᵀμ)/(1ᵀΣ1), Σ ← Σ − Σ11ᵀΣ/(1ᵀΣ1)); then with C classes
+    α_c = (1 − 2/C + e^{μ_c} Σ_k e^{−μ_k} / C²) / Σ_cc, evaluated in log space."""
+    row = cov.sum(axis=-1)  # Σ1, (N, C)
+    total = np.maximum(row.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
+    mean = mean - row * mean.sum(axis=-1, keepdims=True) / total
+    variance = np.diagonal(cov, axis1=-2, axis2=-1) - np.square(row) / total
+    C = mean.shape[-1]
+    variance = np.maximum(variance, np.finfo(np.float64).tiny)
+    lse = np.logaddexp.reduce(-mean, axis=-1, keepdims=True)
+    constant = np.log(1.0 - 2.0 / C) if C > 2 else -np.inf
+    log_alpha = np.logaddexp(constant, mean + lse - 2.0 * np.log(C)) - np.log(variance)
+    log_alpha -= np.max(log_alpha, axis=-1, keepdims=True)
+    alpha = np.exp(log_alpha)
+    return alpha / alpha.sum(axis=-1, keepdims=True)
 
 
 def _check_num_samples(n) -> None:
@@ -347,11 +410,14 @@ class Posterior:
     def predict(self, X, *, seed, num_samples: int | None = None, mode: str = "mc") -> Prediction:
         """Posterior predictive at inputs ``X`` (N, D).
 
-        ``mode="mc"`` pushes posterior draws through the network; ``"linearized"`` pushes them
-        through its first-order expansion at the approximation's mean, f(μ) + J (θ − μ)
-        (Immer et al. 2021); ``"probit"`` (classification) uses the exact linearised variance and the
-        probit approximation σ(f / √(1 + π v / 8)) (MacKay 1992). Both need a Gaussian posterior.
-        With ``num_samples=None`` the stored draws are used.
+        ``mode="mc"`` pushes posterior draws through the network. The other modes use the network
+        linearised at the approximation's mean, f(θ) ≈ f(μ) + J (θ − μ) (Immer et al. 2021), whose
+        outputs are Gaussian, N(f(μ), J Σ Jᵀ), with J Σ Jᵀ computed by Σ's own structure:
+        ``"linearized"`` draws outputs (logits for classification) from it (regression reports its
+        exact mean and variance); ``"probit"`` (classification) gives σ(f / √(1 + π v / 8))
+        (MacKay 1992; per class for softmax); ``"bridge"`` (classification) the mean of the
+        Laplace-bridge Dirichlet (Hobbhahn et al. 2022). They need a Gaussian posterior or a mixture
+        of Gaussians (averaged over components). With ``num_samples=None`` as many draws as stored.
         """
         if mode not in PREDICT_MODES:
             raise OptionError(f"mode={mode!r} is not one of {PREDICT_MODES}")
@@ -367,42 +433,64 @@ class Posterior:
                 f"X has {X.shape[1]} features but the model was fitted on {self.problem.data[0].shape[1]}"
             )
         key = as_key(seed)
-        if mode != "mc" and not (self.has_density and hasattr(self.approximation, "covariance_sqrt")):
+        gaussian = self.has_density and (
+            hasattr(self.approximation, "output_covariance") or hasattr(self.approximation, "components")
+        )
+        if mode != "mc" and not gaussian:
             raise TypeError(
-                f"mode={mode!r} needs a Gaussian posterior over weights (exact, svi with a Gaussian guide); "
+                f"mode={mode!r} needs a Gaussian posterior over weights (exact, laplace, svi with a Gaussian guide); "
                 f"{self.method!r} has none (its approximation: "
                 f"{getattr(self.approximation, 'kind', 'draws only')}) — use mode='mc'"
             )
         task = "regression" if self.problem.likelihood == "gaussian" else "classification"
+        if mode in ("probit", "bridge") and task != "classification":
+            raise OptionError(f"mode={mode!r} applies to classification; use 'linearized' for regression")
+        if mode == "bridge" and self.problem.likelihood != "categorical":
+            raise OptionError(
+                "mode='bridge' maps a Gaussian over C ≥ 2 softmax logits to a Dirichlet; a bernoulli model has one "
+                "logit, for which the bridge's mean is the MAP's sigmoid — use mode='probit', or "
+                "likelihood='categorical' with two classes"
+            )
         outputs = self.problem.model.output_dim() if task == "classification" else 1
         draws = self.num_chains * self.num_draws if num_samples is None else num_samples
-        if mode != "probit":
+        if mode in ("mc", "linearized"):
             # The per-draw outputs (S, N, C) in float64 are the result; refuse before computing them.
             _check_prediction_size(int(draws), X.shape[0], max(outputs, 2 if task == "classification" else 1))
         flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
-        if mode == "probit":
-            if task != "classification":
-                raise OptionError("mode='probit' applies to classification; use 'linearized' for regression")
-            sqrt_cov = self.approximation.covariance_sqrt()
-            f_mean, f_var = _by_rows(
-                lambda rows: _linearized_variance(self.problem, self.approximation.mean, sqrt_cov, rows),
-                X, sqrt_cov.shape[1] * outputs, axes=(0, 0),
-            )
-            probs = np.asarray(_class_probs(self.problem.likelihood, f_mean / jnp.sqrt(1.0 + math.pi * f_var / 8.0)))
-            # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
-            return Prediction(task="classification", probs=probs, entropy=_entropy(probs.astype(np.float64)))
-        if mode == "linearized":
-            f, noise = _by_rows(
-                lambda rows: _linearized_many(self.problem, self.approximation.mean, flat, rows), X,
-                flat.shape[0] * outputs, axes=(1, None),
-            )
-        else:
+        if mode == "mc":
             f, noise = _by_rows(
                 lambda rows: _outputs_many(self.problem, flat, rows), X, flat.shape[0] * outputs, axes=(1, None)
             )
-        if task == "regression":
-            return _regression(np.asarray(f), np.asarray(noise))
-        return _classification(np.asarray(_class_probs(self.problem.likelihood, f)))
+            if task == "regression":
+                return _regression(np.asarray(f), np.asarray(noise))
+            return _classification(np.asarray(_class_probs(self.problem.likelihood, f)))
+        components = _gaussian_components(self.approximation)
+        moments = [(w, *_linearized_outputs(self.problem, q, X)) for w, q in components]
+        if mode in ("probit", "bridge"):
+            rule = _probit_probs if mode == "probit" else _bridge_probs
+            probs = sum(w * rule(self.problem.likelihood, m, c) for w, m, c in moments)
+            # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
+            return Prediction(task="classification", probs=probs, entropy=_entropy(probs.astype(np.float64)))
+        # linearized: draws of the outputs from each component's Gaussian over outputs
+        pick_key, *keys = jax.random.split(jax.random.fold_in(key, 1), len(moments) + 1)
+        pick = np.asarray(jax.random.categorical(pick_key, jnp.log(jnp.asarray([w for w, _, _ in moments])), shape=(draws,)))
+        f = np.zeros((draws, X.shape[0], outputs))
+        for m, ((_, mean, cov), k) in enumerate(zip(moments, keys)):
+            chosen = np.flatnonzero(pick == m)
+            if chosen.size:
+                f[chosen] = _sample_outputs(k, mean, cov, chosen.size)
+        if task == "classification":
+            logits = f[..., 0] if self.problem.likelihood == "bernoulli" else f
+            return _classification(np.asarray(_class_probs(self.problem.likelihood, logits)))
+        noise = np.asarray(jax.lax.map(lambda u: _noise(self.problem, self.problem.constrain(u)), flat, batch_size=_CHUNK))
+        prediction = _regression(f[..., 0], noise)
+        # The linearised predictive's moments are known exactly; report them, not their MC estimates.
+        mean = sum(w * m[:, 0] for w, m, _ in moments)
+        second = sum(w * (c[:, 0, 0] + np.square(m[:, 0])) for w, m, c in moments)
+        epistemic = np.maximum(second - np.square(mean), 0.0)
+        return dataclasses.replace(
+            prediction, mean=mean, epistemic_variance=epistemic, variance=epistemic + prediction.aleatoric_variance
+        )
 
     # -- diagnostics, export, persistence ---------------------------------------------------------
     def diagnostics(self):

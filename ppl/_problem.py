@@ -301,7 +301,7 @@ class Problem:
         gradient's variance. Sites that are not dense-layer weights (a noise scale) take their values
         from the draw ``u``.
         """
-        from ppl.models.bnn import ACTIVATIONS
+        from ppl.models._base import ACTIVATIONS
 
         self._require_declarative("local_reparam_log_likelihood")
         _TRACES["logdensity"] += 1

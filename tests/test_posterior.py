@@ -80,12 +80,17 @@ def test_log_prob_matches_the_family(linear_model, linear_data):
         nuts.log_prob(draws)
 
 
-def test_linearized_prediction_of_a_linear_model_equals_mc(linear_model, linear_data):
+def test_linearized_prediction_of_a_linear_model_is_its_closed_form(linear_model, linear_data):
     post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
-    mc = post.predict(linear_data.test.X, seed=1)
     lin = post.predict(linear_data.test.X, seed=1, mode="linearized")
-    np.testing.assert_allclose(lin.mean, mc.mean, rtol=1e-10)
-    np.testing.assert_allclose(lin.variance, mc.variance, rtol=1e-10)
+    X = np.c_[linear_data.test.X, np.ones(len(linear_data.test.X))]  # columns of w, then b
+    mean, cov = np.asarray(post.approximation.mean), np.asarray(post.approximation.covariance())
+    np.testing.assert_allclose(lin.mean, X @ mean, rtol=1e-10)
+    np.testing.assert_allclose(lin.epistemic_variance, np.einsum("ni,ij,nj->n", X, cov, X), rtol=1e-10)
+    np.testing.assert_allclose(lin.variance, lin.epistemic_variance + linear_model.noise_scale**2, rtol=1e-12)
+    # its draws are draws of that Gaussian: their mean agrees within Monte Carlo error (5 standard errors)
+    se = np.sqrt(lin.epistemic_variance / lin.member_means.shape[0])
+    assert np.all(np.abs(lin.member_means.mean(axis=0) - lin.mean) < 5 * se + 1e-12)
 
 
 def test_classification_prediction_and_probit():

@@ -1,0 +1,275 @@
+"""The curvature service: every second-order quantity Laplace and linearised prediction need.
+
+Everything here works on a compiled :class:`ppl.Problem` and a flat unconstrained vector ``u``,
+for any declarative model that exposes ``apply`` (its network), ``forward`` (the same pass, also
+returning each dense layer's input and accepting additive "taps" on its pre-activations) and
+``output_hessian_sqrt`` (a square root L of the likelihood's Hessian Λ(f) in the outputs).
+
+* :func:`linearize` — f(u) and its Jacobian-vector product at ``u``.
+* :func:`output_jacobians` — per-input Jacobians J_n (C × k) over chosen coordinates, by reverse
+  mode vmapped over inputs. Linearised predictions feed them to the covariance operators'
+  ``jacobian_variance``, so no P × P matrix and no P Jacobian-vector products are ever needed.
+* :func:`ggn` — the generalised Gauss–Newton Σ_n J_nᵀ Λ_n J_n over chosen coordinates, dense
+  (``"full"``) or its diagonal (``"diag"``).
+* :func:`ggn_vp` and :func:`ggn_lowrank` — matrix-free GGN products and the top eigenpairs
+  from them (randomised subspace iteration).
+* :func:`kfac_factors` — per dense layer, A = (1/N) Σ_n ã_n ã_nᵀ (ã the layer input with a 1
+  appended for the bias) and G = Σ_n Σ_c g_nc g_ncᵀ (g the pre-activation gradient of the c-th
+  output of Lᵀ f); the layer's GGN block is approximated by A ⊗ G, exact for a linear model.
+* :func:`hessian` — the exact Hessian of the (unconstrained) log density, for plain programs.
+
+Sums over data run batch by batch (:data:`CHUNK_BYTES` bounds a chunk's Jacobians); rows added
+to fill the last chunk are masked out. The results are the likelihood's curvature, unweighted:
+the caller applies tempering and the prior (``Problem.weights``).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from ppl._errors import OptionError
+
+__all__ = [
+    "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",
+    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows",
+]
+
+CHUNK_BYTES = 64 * 2**20  # the per-input Jacobians of one chunk of data stay below this
+
+
+def network_params(problem, u, base: dict) -> dict:
+    """Constrained parameters at ``u``: the network's weights read straight from ``u`` (they are
+    real-valued, so their transform is the identity) over ``base`` (the other sites, e.g. σ)."""
+    flat = problem.unravel(u)
+    params = dict(base)
+    for layer in problem.layers():
+        for name in (layer.weight, layer.bias):
+            if name is not None:
+                params[name] = flat[name]
+    return params
+
+
+def _as_matrix(f):
+    return f[:, None] if f.ndim == 1 else f
+
+
+def _network(problem, u, base, X):
+    """Outputs (B, C) of the network at flat ``u``."""
+    return _as_matrix(problem.apply(network_params(problem, u, base), X))
+
+
+def linearize(problem, u, X):
+    """(f(u) at X as (B, C), v ↦ J v): the network's value and Jacobian-vector product at ``u``."""
+    base = problem.constrain(u)
+    return jax.linearize(lambda v: _network(problem, v, base, X), u)
+
+
+def _with_free(u, index, free):
+    return free if index is None else u.at[index].set(free)
+
+
+def output_jacobians(problem, u, X, index=None, base=None):
+    """Per-input Jacobians (B, C, k) of the network outputs at inputs X over the coordinates
+    ``index`` of u (all when None), every other coordinate held at u."""
+    base = problem.constrain(u) if base is None else base
+    free = u if index is None else u[index]
+
+    def one(v, x):
+        return _network(problem, _with_free(u, index, v), base, x[None])[0]
+
+    return jax.vmap(jax.jacrev(one), in_axes=(None, 0))(free, X)
+
+
+def chunk_rows(num_outputs: int, num_coords: int, itemsize: int = 8) -> int:
+    """Rows per chunk so that a chunk's Jacobians (rows × C × k numbers) stay under CHUNK_BYTES."""
+    return int(max(1, min(4096, CHUNK_BYTES // max(1, num_outputs * num_coords * itemsize))))
+
+
+def _chunked(X, y, rows: int):
+    """X and y padded to a multiple of ``rows`` and split into chunks, with a 0/1 row mask."""
+    n = X.shape[0]
+    count = -(-n // rows)
+    pad = count * rows - n
+    mask = jnp.concatenate([jnp.ones(n, X.dtype), jnp.zeros(pad, X.dtype)])
+    Xp = jnp.concatenate([X, jnp.zeros((pad, *X.shape[1:]), X.dtype)])
+    yp = jnp.concatenate([y, jnp.zeros((pad, *y.shape[1:]), y.dtype)])
+    shape = lambda a: jnp.reshape(a, (count, rows, *a.shape[1:]))  # noqa: E731
+    return shape(Xp), shape(yp), shape(mask)
+
+
+def _hessian_root(problem, u, base, X, mask):
+    """L (B, C, C) with Λ = L Lᵀ at u, zeroed on padding rows."""
+    f = problem.apply(network_params(problem, u, base), X)
+    return problem.model.output_hessian_sqrt(f, base) * mask[:, None, None]
+
+
+@partial(jax.jit, static_argnames=("structure", "rows"))
+def ggn(problem, u, index, structure: str, rows: int):
+    """Σ_n J_nᵀ Λ_n J_n over the coordinates ``index`` (all when None): the dense matrix for
+    ``structure="full"``, its diagonal for ``"diag"``; summed over the training data in chunks."""
+    X, y = problem.data
+    base = problem.constrain(u)
+    k = u.shape[0] if index is None else index.shape[0]
+    Xc, yc, mc = _chunked(X, y, rows)
+
+    def add(total, chunk):
+        x, _, m = chunk
+        jac = output_jacobians(problem, u, x, index, base)  # (B, C, k)
+        root = _hessian_root(problem, u, base, x, m)  # (B, C, C)
+        scaled = jnp.einsum("bcp,bcd->bdp", jac, root)  # Lᵀ J
+        if structure == "diag":
+            return total + jnp.sum(jnp.square(scaled), axis=(0, 1)), None
+        flat = jnp.reshape(scaled, (-1, k))
+        return total + flat.T @ flat, None
+
+    zero = jnp.zeros((k,) if structure == "diag" else (k, k), u.dtype)
+    return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
+
+
+def ggn_vp(problem, u, index, vectors, rows: int):
+    """GGN · V for V (k, m) over the coordinates ``index``, matrix-free (one JVP and one VJP per
+    chunk of data and column), summed over the training data."""
+    X, y = problem.data
+    base = problem.constrain(u)
+    free = u if index is None else u[index]
+    Xc, yc, mc = _chunked(X, y, rows)
+
+    def add(total, chunk):
+        x, _, m = chunk
+        root = _hessian_root(problem, u, base, x, m)
+        fn = lambda v: _network(problem, _with_free(u, index, v), base, x)  # noqa: E731
+        _, pullback = jax.vjp(fn, free)
+
+        def one(v):
+            tangent = jax.jvp(fn, (free,), (v,))[1]  # J v, (B, C)
+            weighted = jnp.einsum("bcd,bed,be->bc", root, root, tangent)  # Λ J v
+            return pullback(weighted)[0]
+
+        return total + jax.vmap(one, in_axes=1, out_axes=1)(vectors), None
+
+    return jax.lax.scan(add, jnp.zeros_like(vectors), (Xc, yc, mc))[0]
+
+
+@partial(jax.jit, static_argnames=("rank", "rows", "oversample", "iterations"))
+def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 10, iterations: int = 3):
+    """The top ``rank`` eigenpairs (vectors (k, rank), values (rank,)) of the GGN over ``index``,
+    by randomised subspace iteration (Halko, Martinsson & Tropp 2011) on :func:`ggn_vp` products."""
+    k = u.shape[0] if index is None else index.shape[0]
+    width = min(k, rank + oversample)
+    basis, _ = jnp.linalg.qr(jax.random.normal(key, (k, width), u.dtype))
+    for _ in range(iterations):
+        basis, _ = jnp.linalg.qr(ggn_vp(problem, u, index, basis, rows))
+    projected = basis.T @ ggn_vp(problem, u, index, basis, rows)
+    values, vectors = jnp.linalg.eigh(0.5 * (projected + projected.T))
+    top = jnp.argsort(values)[::-1][:rank]
+    return basis @ vectors[:, top], jnp.maximum(values[top], 0.0)
+
+
+def layer_slices(problem) -> list:
+    """(start, fan_in + 1 or fan_in, fan_out) for each dense layer: where its weights and bias lie
+    in u, contiguously as the row-major augmented matrix [W; b]. Raises when a layer's weight and
+    bias are not adjacent (K-FAC needs the augmented layout)."""
+    offsets, start = {}, 0
+    for site in problem.sites:
+        offsets[site.name] = (start, site.size)
+        start += site.size
+    out = []
+    for layer in problem.layers():
+        w_start, w_size = offsets[layer.weight]
+        rows = layer.fan_in
+        if layer.bias is not None:
+            b_start, _ = offsets[layer.bias]
+            if b_start != w_start + w_size:
+                raise OptionError(
+                    f"K-FAC needs layer {layer.weight!r}'s bias {layer.bias!r} to follow its weights in the "
+                    "parameter vector; this model declares them apart — use hessian='diag', 'lowrank' or 'full'"
+                )
+            rows += 1
+        out.append((w_start, rows, layer.fan_out))
+    return out
+
+
+@partial(jax.jit, static_argnames=("rows",))
+def kfac_factors(problem, u, rows: int) -> list:
+    """[(A_l, G_l)] per dense layer (see the module docstring), summed over the data in chunks."""
+    X, y = problem.data
+    base = problem.constrain(u)
+    params = network_params(problem, u, base)
+    layers = problem.layers()
+    Xc, yc, mc = _chunked(X, y, rows)
+
+    def add(totals, chunk):
+        x, _, m = chunk
+        taps = [jnp.zeros((x.shape[0], layer.fan_out), u.dtype) for layer in layers]
+        raw, inputs = problem.model.forward(params, x)
+        root = problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]
+        _, pullback = jax.vjp(lambda t: _as_matrix(problem.model.forward(params, x, t)[0]), taps)
+
+        def grads(c):
+            # cotangent (B, C) selecting the c-th output of Lᵀ f per datum
+            return pullback(root[:, :, c])[0]
+
+        per_output = jax.vmap(grads)(jnp.arange(root.shape[-1]))  # list of (C, B, fan_out)
+        new = []
+        for (a_total, g_total), layer, h, g in zip(totals, layers, inputs, per_output):
+            if layer.bias is not None:
+                h = jnp.concatenate([h, jnp.ones((h.shape[0], 1), h.dtype)], axis=1)
+            h = h * m[:, None]
+            g2 = jnp.reshape(g, (-1, g.shape[-1]))
+            new.append((a_total + h.T @ h, g_total + g2.T @ g2))
+        return new, None
+
+    zero = []
+    for layer in layers:
+        a = layer.fan_in + (layer.bias is not None)
+        zero.append((jnp.zeros((a, a), u.dtype), jnp.zeros((layer.fan_out, layer.fan_out), u.dtype)))
+    totals = jax.lax.scan(add, zero, (Xc, yc, mc))[0]
+    return [(a / X.shape[0], g) for a, g in totals]
+
+
+@partial(jax.jit, static_argnames=("chunk",))
+def hessian(problem, u, chunk: int = 32):
+    """−∇² log p̃(u | D) (with the Jacobian of the constraining transforms), one Hessian-vector
+    product per column, ``chunk`` at a time: the exact curvature for plain NumPyro programs."""
+    gradient = jax.grad(problem.logdensity_fn)
+
+    def column(direction):
+        return -jax.jvp(gradient, (u,), (direction,))[1]
+
+    return jax.lax.map(column, jnp.eye(u.shape[0], dtype=u.dtype), batch_size=chunk)
+
+
+def prior_precision_diagonal(problem, u):
+    """−∂² log p(θ)/∂θ_p² at u for every coordinate: one Hessian-vector product with a vector of
+    ones, exact because the priors of ``ppl.models`` factorise over coordinates."""
+    def log_prior(v):
+        return problem.log_terms(v).log_prior
+
+    ones = jnp.ones_like(u)
+    return -jax.jvp(jax.grad(log_prior), (u,), (ones,))[1]
+
+
+prior_precision_diagonal = jax.jit(prior_precision_diagonal)
+
+
+def memory_bytes(structure: str, num_free: int, num_outputs: int, layers=None, rank: int = 0, itemsize: int = 8) -> int:
+    """What computing and holding the curvature of ``structure`` over ``num_free`` coordinates takes:
+    the largest arrays alive at once (a dense matrix and its factor; one chunk of Jacobians)."""
+    jac = CHUNK_BYTES
+    if structure == "full":
+        return 3 * num_free**2 * itemsize + jac
+    if structure == "kfac":
+        return 4 * sum(a * a + g * g for _, a, g in layers) * itemsize + jac
+    if structure == "lowrank":
+        return 4 * num_free * (rank + 10) * itemsize + jac
+    return 4 * num_free * itemsize + jac
+
+
+def describe_memory(size: int) -> str:
+    return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
+
+
+__all__ += ["prior_precision_diagonal", "memory_bytes", "describe_memory"]

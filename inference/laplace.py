@@ -1,0 +1,679 @@
+"""``laplace``: a Gaussian at the MAP whose precision is the curvature of the log joint there.
+
+    q(θ_S) = N(θ*, H⁻¹),   H = w · GGN_S(θ*) + a · diag(prior precision_S)
+
+with θ* the MAP, S the free coordinates (all network weights, the last layer, or a subnetwork
+mask; every other coordinate, e.g. a learned noise scale σ, is held at the MAP), w and a the
+likelihood and prior weights of tempering, and the generalised Gauss–Newton matrix
+GGN = Σ_n J_nᵀ Λ(f_n) J_n taken in one of four structures from the curvature service
+(``full``, ``diag``, ``kfac`` and ``lowrank``). Plain NumPyro programs get the exact Hessian of the
+unconstrained log density (``full`` only), as NumPyro's ``AutoLaplaceApproximation`` does.
+
+The prior is the model's own: its precision is read from the model at θ* (the priors of
+``ppl.models`` factorise over coordinates, so one Hessian-vector product gives the diagonal). A
+``prior_precision`` number or per-layer tuple fits the model with that Gaussian prior instead,
+and ``"marglik"`` tunes it (and a learned Gaussian noise scale) to maximise the Laplace evidence,
+alternating MAP, curvature and hyperparameter steps (MacKay 1992; Immer et al. 2021). Either way
+the result's model *is* the model with that prior (``post.problem.model``), so every diagnostic
+judges q against the posterior it approximates.
+
+The log evidence (``Diagnostics.log_evidence``) is the Laplace estimate of log p(D | θ_rest):
+
+    log Z ≈ w log p(D | θ*) + a log p(θ*_S) + |S|/2 log 2π − ½ log |H|
+
+exact for conjugate linear regression.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from ppl._data import check_batch_size
+from ppl._errors import MemoryBudgetError, OptionError
+from ppl._posterior import Posterior
+from ppl.inference import _curvature as curvature
+from ppl.inference._base import (
+    MEMORY_BUDGET_BYTES,
+    Method,
+    check_choice,
+    check_positive,
+    check_positive_int,
+)
+from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
+from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
+from ppl.inference.optimize import INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient
+
+__all__ = ["Laplace", "HESSIANS", "SUBSETS"]
+
+HESSIANS = ("auto", "full", "diag", "kfac", "lowrank")
+SUBSETS = ("auto", "all", "last_layer")
+PRIOR_STRUCTURES = ("layer", "scalar")
+MAP_TOL = 1e-3  # a MAP is stationary when its gradient norm fell below this fraction of the start's
+HYPER_STEPS = 200  # L-BFGS iterations on the hyperparameters in one marglik round
+MARGLIK_RTOL = 1e-4  # rounds stop once no hyperparameter moves by more than this (relative)
+
+
+@dataclass(frozen=True)
+class Laplace(Method):
+    """Laplace approximation at the MAP (Mackay 1992; Ritter et al. 2018; Daxberger et al. 2021).
+
+    ``subset``: ``"all"`` network weights, ``"last_layer"``, or a boolean mask over the flat
+    parameter vector (a subnetwork); ``"auto"`` is the last layer for networks and everything for
+    plain programs. ``hessian``: ``"full"`` (dense GGN), ``"diag"``, ``"kfac"`` (one Kronecker
+    block per layer, the bias a homogeneous coordinate), ``"lowrank"`` (top ``rank`` GGN
+    eigenpairs plus the prior); ``"auto"`` is ``kfac`` for networks, ``full`` for programs.
+    ``prior_precision``: None (the model's prior), a number, one number per dense layer, or
+    ``"marglik"`` (evidence maximisation over one precision per layer, or one in all with
+    ``prior_structure="scalar"``, and over σ when the model learns it). ``init``: where the MAP
+    search starts (``"prior"``, ...), or a fitted ``map`` Posterior to build on.
+    """
+
+    name = "laplace"
+    description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, last layer or a mask"
+
+    subset: Any = "auto"
+    hessian: str = "auto"
+    prior_precision: Any = None
+    prior_structure: str = "layer"
+    rank: int = 20
+    num_draws: int = 1000
+    steps: int = 2000
+    learning_rate: float = 0.01
+    batch_size: int | None = None
+    init: Any = "prior"
+    marglik_rounds: int = 8
+
+    def __post_init__(self):
+        super().__post_init__()
+        if isinstance(self.subset, str):
+            check_choice(self.name, "subset", self.subset, SUBSETS)
+        else:
+            mask = np.asarray(self.subset)
+            if mask.ndim != 1 or mask.dtype != bool:
+                raise OptionError(
+                    f"{self.name}: subset must be 'all', 'last_layer', 'auto' or a 1-D boolean mask over the flat "
+                    f"parameter vector, got {type(self.subset).__name__} {getattr(mask, 'shape', '')}"
+                )
+            if not mask.any():
+                raise OptionError(f"{self.name}: the subset mask selects no parameter (all False)")
+            object.__setattr__(self, "subset", tuple(bool(v) for v in mask))
+        check_choice(self.name, "hessian", self.hessian, HESSIANS)
+        check_choice(self.name, "prior_structure", self.prior_structure, PRIOR_STRUCTURES)
+        for option in ("rank", "num_draws", "steps", "marglik_rounds"):
+            check_positive_int(self.name, option, getattr(self, option))
+        check_positive(self.name, "learning_rate", self.learning_rate)
+        precision = self.prior_precision
+        if isinstance(precision, str) and precision != "marglik":
+            # from the command line: "2.0" or "1.0,4.0" (one per layer)
+            try:
+                parts = [float(p) for p in precision.split(",")]
+            except ValueError:
+                parts = None
+            if parts is not None:
+                precision = parts[0] if len(parts) == 1 else tuple(parts)
+        if isinstance(precision, str):
+            if precision != "marglik":
+                raise OptionError(f"{self.name}: prior_precision={precision!r}; use a number, one per layer, or 'marglik'")
+        elif precision is not None:
+            values = np.atleast_1d(np.asarray(precision, dtype=object))
+            if values.ndim != 1 or not all(
+                isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
+                and math.isfinite(float(v)) and v > 0 for v in values
+            ):
+                raise OptionError(
+                    f"{self.name}: prior_precision must be a positive number, one positive number per dense layer, "
+                    f"None (the model's prior) or 'marglik'; got {precision!r}"
+                )
+            object.__setattr__(self, "prior_precision", float(values[0]) if np.ndim(precision) == 0 else tuple(map(float, values)))
+        if isinstance(self.init, Posterior):
+            if self.init.method != "map" or self.init.problem is None:
+                raise OptionError(
+                    f"{self.name}: init= takes a fitted 'map' Posterior (or an init strategy); got a "
+                    f"{self.init.method!r} posterior"
+                )
+        elif not isinstance(self.init, str) or self.init not in INITS:
+            raise OptionError(f"{self.name}: init must be one of {INITS} or a fitted map Posterior, got {self.init!r}")
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if isinstance(self.init, Posterior):
+            loc = np.asarray(self.init.approximation.loc)
+            out["init"] = f"map posterior (seed {self.init.seed}, {loc.size} parameters, mean |θ| {np.abs(loc).mean():.6g})"
+        return out
+
+    def stored_draws(self) -> int:
+        return self.num_draws
+
+    # -- resolving the options against a problem -----------------------------------------------------
+    def structure(self, problem) -> tuple:
+        """(subset, hessian) with "auto" resolved for this problem."""
+        subset, hessian = self.subset, self.hessian
+        if subset == "auto":
+            subset = "last_layer" if problem.is_declarative else "all"
+        if hessian == "auto":
+            hessian = "kfac" if problem.is_declarative and not isinstance(subset, tuple) else "full"
+        return subset, hessian
+
+    def free_index(self, problem) -> np.ndarray | None:
+        """The flat coordinates the Gaussian covers (None: all of them, for a plain program)."""
+        subset, _ = self.structure(problem)
+        if not problem.is_declarative:
+            return None
+        weights = np.zeros(problem.num_params, bool)
+        for start, rows, cols in curvature.layer_slices(problem):
+            weights[start : start + rows * cols] = True
+        if subset == "all":
+            return np.flatnonzero(weights)
+        if subset == "last_layer":
+            start, rows, cols = curvature.layer_slices(problem)[-1]
+            return np.arange(start, start + rows * cols)
+        mask = np.asarray(subset)
+        outside = mask & ~weights
+        if outside.any():
+            raise OptionError(
+                f"{self.name}: the subset mask selects {', '.join(problem.sites_of(outside))}, which are not network "
+                "weights; a Laplace subset covers weights and biases only (other sites are held at the MAP)"
+            )
+        return np.flatnonzero(mask)
+
+    def check(self, problem) -> None:
+        subset, hessian = self.structure(problem)
+        check_batch_size(self.batch_size, problem.num_data)
+        if problem.spec.kind == "unsupervised":
+            raise OptionError(f"{self.name}: models with local latents are fitted with svi")
+        if not problem.is_declarative:
+            if subset != "all" or hessian != "full":
+                raise OptionError(
+                    f"{self.name}: a plain NumPyro program has no network layers, so subset={subset!r} and "
+                    f"hessian={hessian!r} do not apply; it gets the exact Hessian: subset='all', hessian='full'"
+                    + (" (K-FAC needs dense layers)" if hessian == "kfac" else "")
+                )
+            if self.prior_precision is not None:
+                raise OptionError(
+                    f"{self.name}: prior_precision applies to the Gaussian weight priors of ppl.models networks; a "
+                    "plain program declares its own prior — change it in the program"
+                )
+        if isinstance(subset, tuple) and len(subset) != problem.num_params:
+            raise OptionError(
+                f"{self.name}: the subset mask has {len(subset)} entries but the model has {problem.num_params} "
+                "parameters (the flat unconstrained vector)"
+            )
+        if isinstance(subset, tuple) and hessian == "kfac":
+            raise OptionError(
+                f"{self.name}: K-FAC approximates whole layers; a subnetwork mask needs hessian='full', 'diag' or 'lowrank'"
+            )
+        model = problem.model
+        if problem.is_declarative:
+            layers = problem.layers()
+            if self.prior_precision is not None and not model.gaussian_prior:
+                raise OptionError(
+                    f"{self.name}: prior_precision={self.prior_precision!r} replaces a Gaussian prior's precision, but "
+                    f"this model's prior ({type(model.prior).__name__}) is not Gaussian — use prior_precision=None "
+                    "(the model's own prior), or a Gaussian prior (Isotropic, PerLayer, FanIn)"
+                )
+            if isinstance(self.prior_precision, tuple) and len(self.prior_precision) != len(layers):
+                raise OptionError(
+                    f"{self.name}: prior_precision gives {len(self.prior_precision)} values but the network has "
+                    f"{len(layers)} dense layers; give one per layer or a single number"
+                )
+            if hessian == "kfac" and self.prior_precision is None:
+                # A Gaussian prior's precision does not depend on θ: check it before any work.
+                prior = np.asarray(curvature.prior_precision_diagonal(problem, problem.init_params))
+                for (start, rows, cols) in _free_layers(curvature.layer_slices(problem), self.free_index(problem)):
+                    _one_precision(problem, prior[start : start + rows * cols], start)
+            if self.prior_precision == "marglik" and problem.likelihood == "gaussian" and model.noise_scale is None:
+                support = [s for s in problem.sites if s.name == "sigma"]
+                if not support:
+                    raise OptionError(f"{self.name}: marglik expected the model's noise site 'sigma'")
+        self.check_memory(problem)
+
+    def check_memory(self, problem) -> None:
+        """Refuse, before computing anything, a curvature that would not fit in memory."""
+        _, hessian = self.structure(problem)
+        index = self.free_index(problem)
+        free = problem.num_params if index is None else len(index)
+        outputs = problem.model.output_dim() if problem.is_declarative else 1
+        layers = curvature.layer_slices(problem) if problem.is_declarative else None
+        size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
+        if size > MEMORY_BUDGET_BYTES:
+            cheaper = [h for h in ("kfac", "lowrank", "diag") if h != hessian and (problem.is_declarative or h == "diag")]
+            options = ", ".join(
+                f"hessian={h!r} ({curvature.describe_memory(curvature.memory_bytes(h, free, outputs, layers, self.rank))})"
+                for h in cheaper if problem.is_declarative
+            )
+            raise MemoryBudgetError(
+                f"{self.name}: hessian={hessian!r} over {free} parameters needs about {curvature.describe_memory(size)} "
+                f"(limit {curvature.describe_memory(MEMORY_BUDGET_BYTES)}); cheaper: {options or 'none for a plain program'}"
+                + (", or subset='last_layer'" if problem.is_declarative else "")
+            )
+
+    # -- the run --------------------------------------------------------------------------------------
+    def run(self, key, problem) -> Posterior:
+        self.check(problem)
+        map_key, curve_key, draw_key = jax.random.split(key, 3)
+        target = problem
+        if isinstance(self.prior_precision, (float, tuple)):
+            target = _with_prior(problem, self.prior_precision)
+        u, info = self._map(map_key, target)
+        if self.prior_precision == "marglik":
+            target, u, marglik_info = self._marglik(curve_key, target, u)
+            info.update(marglik_info)
+        subset, hessian = self.structure(target)
+        index = self.free_index(target)
+        family, log_evidence = laplace_gaussian(target, u, index, hessian, self.rank, curve_key)
+        info.update(
+            hessian=hessian,
+            subset=subset if isinstance(subset, str) else f"mask of {len(index)} parameters",
+            num_free=int(target.num_params if index is None else len(index)),
+        )
+        if log_evidence is not None:
+            info["log_evidence"] = log_evidence
+        flat = draw(family, draw_key, self.num_draws)
+        return Posterior(method=self.name, problem=target, flat_draws=flat[None], info=info, approximation=family)
+
+    def _map(self, key, problem) -> tuple:
+        """The mode and a record of how it was found (from ``init`` or a fresh optimisation)."""
+        if isinstance(self.init, Posterior):
+            post = self.init
+            if [s[:2] for s in post.problem.sites] != [s[:2] for s in problem.sites]:
+                raise OptionError(
+                    f"{self.name}: the init posterior's parameters {[s.name for s in post.problem.sites]} do not match "
+                    f"this model's {[s.name for s in problem.sites]}"
+                )
+            u = jnp.asarray(post.approximation.loc, problem.init_params.dtype)
+            return u, _stationarity(problem, u, key, None, "the given map posterior")
+        if not problem.is_declarative:
+            # Plain programs: the mode of the unconstrained density (with the Jacobian), where the
+            # exact Hessian is taken.
+            from ppl.inference.optimize import OptimizerConfig, minimize
+
+            start = problem.init_position(key, "median" if self.init == "prior" else self.init)
+            result = minimize(
+                NegativeLogDensity(), OptimizerConfig("lbfgs", self.steps), problem, start, key,
+                learning_rate=self.learning_rate, label="laplace (mode)",
+            )
+            return result.params, _stationarity(problem, result.params, key, start, "L-BFGS", density=True)
+        finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init)
+        found = finder.run(key, problem)
+        u = found.approximation.loc
+        info = {k: found.info[k] for k in ("converged", "convergence") if k in found.info}
+        info["map_losses"] = np.asarray(found.info["losses"])
+        info["map_gradient_norm"] = float(_full_gradient(_JOINT, problem, u, key)[1])
+        if info.get("converged") is False:
+            info["convergence"] = (
+                f"the MAP search did not settle ({found.info.get('convergence', '')}; gradient norm "
+                f"{info['map_gradient_norm']:.3g}), so the Laplace approximation sits at a non-stationary point"
+            )
+        return u, info
+
+    def _marglik(self, key, problem, u) -> tuple:
+        """Alternate MAP, curvature and evidence maximisation over the prior precision (and σ)."""
+        subset, hessian = self.structure(problem)
+        index = self.free_index(problem)
+        model = problem.model
+        layers = curvature.layer_slices(problem)
+        groups = np.full(problem.num_params, -1)
+        for l, (start, rows, cols) in enumerate(layers):
+            groups[start : start + rows * cols] = l if self.prior_structure == "layer" else 0
+        num_groups = len(layers) if self.prior_structure == "layer" else 1
+        weights = groups >= 0
+        sigma_at = _sigma_index(problem)
+        prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
+        log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
+        log_sigma = float(u[sigma_at]) if sigma_at is not None else None
+        arrays = _MarglikArrays(
+            groups=jnp.asarray(np.where(weights, groups, 0)), weights=jnp.asarray(weights, u.dtype),
+            free=jnp.asarray(index),
+        )
+        evidences = []
+        for round_ in range(self.marglik_rounds):
+            alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
+            if sigma_at is not None:
+                u = u.at[sigma_at].set(log_sigma)
+            u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
+            pieces = _curvature_pieces(problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), layers)
+            old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+            log_alpha, log_sigma, evidence = _maximise_evidence(
+                problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
+            )
+            evidences.append(evidence)
+            new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+            if np.max(np.abs(new - old)) < MARGLIK_RTOL:
+                break
+        alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
+        if sigma_at is not None:
+            u = u.at[sigma_at].set(log_sigma)
+        u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
+        alphas = np.exp(log_alpha)
+        per_layer = tuple(float(alphas[l if num_groups > 1 else 0]) for l in range(len(layers)))
+        tuned = model.with_prior_scales(tuple(1.0 / math.sqrt(a) for a in per_layer))
+        if log_sigma is not None:
+            tuned = tuned.with_noise_scale(math.exp(log_sigma))
+        target = _recompiled(problem, tuned)
+        flat = problem.unravel(u)
+        u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
+        info = {
+            "prior_precision": list(per_layer),
+            "marglik_rounds": len(evidences),
+            "marglik_evidence": np.asarray(evidences),
+            **_stationarity(target, u_target, key, None, "marglik's MAP"),
+        }
+        if log_sigma is not None:
+            info["noise_scale"] = math.exp(log_sigma)
+        return target, u_target, info
+
+
+def _recompiled(problem, model):
+    from ppl._problem import compile_problem
+
+    X, y = problem.data
+    return compile_problem(
+        model, (np.asarray(X), np.asarray(y)), temperature=float(problem.temperature), tempering=problem.tempering
+    )
+
+
+def _with_prior(problem, precision):
+    layers = problem.layers()
+    values = (precision,) * len(layers) if isinstance(precision, float) else precision
+    return _recompiled(problem, problem.model.with_prior_scales(tuple(1.0 / math.sqrt(v) for v in values)))
+
+
+def _sigma_index(problem):
+    """The flat coordinate of a learned Gaussian noise scale (log σ), or None."""
+    if problem.likelihood != "gaussian" or problem.model.noise_scale is not None:
+        return None
+    start = 0
+    for site in problem.sites:
+        if site.name == "sigma":
+            return start
+        start += site.size
+    return None
+
+
+_JOINT = NegativeLogJoint()
+
+
+def _stationarity(problem, u, key, start, how: str, density: bool = False) -> dict:
+    """Judge a mode by its full-batch gradient norm against the norm at a reference start."""
+    objective = NegativeLogDensity() if density else _JOINT
+    reference = problem.init_position(key, "prior") if start is None else start
+    start_norm = float(_full_gradient(objective, problem, reference, key)[1])
+    norm = float(_full_gradient(objective, problem, u, key)[1])
+    info = {"map_gradient_norm": norm}
+    if not (np.isfinite(norm) and norm <= MAP_TOL * max(start_norm, 1.0)):
+        info["converged"] = False
+        info["convergence"] = (
+            f"the mode from {how} is not stationary: gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}), so "
+            "the Laplace approximation sits at a non-stationary point"
+        )
+    else:
+        info["converged"] = True
+    return info
+
+
+# -- the Gaussian at a mode -----------------------------------------------------------------------------
+def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
+    """(Gaussian, log evidence or None) at mode ``u`` over the coordinates ``index``."""
+    if not problem.is_declarative:
+        family, log_z, rcond, precision = _assemble_program(problem, u)
+        if not float(rcond) > float(u.shape[0] * jnp.finfo(u.dtype).eps):
+            _not_pd(rcond, precision, flat_names(problem))
+        return family, float(log_z)
+    layers = curvature.layer_slices(problem)
+    pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
+    family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
+    if hessian == "full" and not float(health) > float(len(index) * jnp.finfo(u.dtype).eps):
+        _not_pd(health, precision, _names(problem, index))
+    if hessian != "full" and not float(health) > 0:
+        where = ""
+        if hessian == "diag":
+            names = _names(problem, index)
+            bad = [names[i] for i in np.flatnonzero(~(np.asarray(precision) > 0))]
+            where = f" at {', '.join(bad[:10])}{' and more' if len(bad) > 10 else ''}"
+        raise NotPositiveDefiniteError(
+            f"laplace: the {hessian} posterior precision is not positive{where}: the prior's curvature is not "
+            "positive there (a non-Gaussian prior) — use a Gaussian prior, or hessian='full' to see where"
+        )
+    return family, (float(log_z) if problem.model.gaussian_prior else None)
+
+
+def _names(problem, index) -> list:
+    everything = flat_names(problem)
+    return [everything[i] for i in index]
+
+
+@jax.jit
+def _assemble_program(problem, u):
+    """The exact-Hessian Gaussian of a plain program at its mode, its evidence and PD health."""
+    precision = curvature.hessian(problem, u)
+    factor = factor_precision(precision)
+    cov = Full(factor.scale_tril)
+    log_z = problem.logdensity_fn(u) + 0.5 * u.shape[0] * math.log(2 * math.pi) + 0.5 * cov.log_det()
+    return Gaussian(u, cov), log_z, factor.rcond, precision
+
+
+@partial(jax.jit, static_argnames=("hessian",))
+def _assemble(problem, u, index, pieces, hessian: str):
+    """The Gaussian over ``index`` from the curvature ``pieces``, the Laplace log evidence (valid
+    for a Gaussian prior), and a health number: rcond for ``full``, the smallest precision otherwise."""
+    prior_weight, lik_weight = problem.weights(None)
+    prior_diag = curvature.prior_precision_diagonal(problem, u)[index] * prior_weight
+    precision = jnp.zeros(())
+    if hessian == "full":
+        precision = lik_weight * pieces + jnp.diag(prior_diag)
+        factor = factor_precision(precision)
+        blocks, health = (Full(factor.scale_tril),), factor.rcond
+    elif hessian == "diag":
+        precision = lik_weight * pieces + prior_diag
+        blocks, health = (Diagonal(1.0 / jnp.sqrt(precision)),), jnp.min(precision)
+    elif hessian == "kfac":
+        blocks, offset = [], 0
+        for A, G in pieces:
+            # one prior precision per layer (checked before the run)
+            blocks.append(_kronecker(A, G, lik_weight, prior_diag[offset]))
+            offset += A.shape[0] * G.shape[0]
+        blocks, health = tuple(blocks), jnp.min(prior_diag)
+    else:
+        vectors, values = pieces
+        blocks = (PrecisionLowRank.from_eigenpairs(prior_diag, vectors, lik_weight * values),)
+        health = jnp.min(prior_diag)
+    family = Gaussian(u, Subset(index, blocks, problem.num_params))
+    theta, alpha = u[index], prior_diag / prior_weight
+    log_prior = prior_weight * 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
+    log_lik = problem.log_terms(u).log_likelihood
+    log_z = lik_weight * log_lik + log_prior + 0.5 * index.shape[0] * math.log(2 * math.pi) + 0.5 * family.cov.log_det()
+    return family, log_z, health, precision
+
+
+def _one_precision(problem, delta: np.ndarray, start: int) -> None:
+    """K-FAC's eigen-decomposition needs the prior precision to be one number across a layer."""
+    if float(np.max(delta) - np.min(delta)) > 1e-9 * float(np.max(np.abs(delta))):
+        raise OptionError(
+            f"laplace: K-FAC needs one prior precision per layer, but the prior of the layer starting at "
+            f"{flat_names(problem)[start]} varies between {float(np.min(delta)):.4g} and {float(np.max(delta)):.4g} "
+            "(its weights and bias differ, e.g. a FanIn prior); pass prior_precision= per-layer numbers, or use "
+            "hessian='diag', 'lowrank' or 'full'"
+        )
+
+
+def _free_layers(layers, index) -> list:
+    """The layers whose coordinates are free (K-FAC covers whole layers)."""
+    free = set(np.asarray(index).tolist())
+    return [layer for layer in layers if layer[0] in free]
+
+
+def _kronecker(A, G, weight, delta) -> Kronecker:
+    """One layer's K-FAC Gaussian from its factors, the likelihood weight and the prior precision."""
+    la, qa = jnp.linalg.eigh(0.5 * (A + A.T))
+    lg, qg = jnp.linalg.eigh(0.5 * (G + G.T))
+    precision = weight * jnp.maximum(la, 0.0)[:, None] * jnp.maximum(lg, 0.0)[None, :] + delta
+    return Kronecker(qa, qg, 1.0 / jnp.sqrt(precision))
+
+
+def _not_pd(rcond, precision, names):
+    try:
+        check_positive_definite(rcond, precision, names, advice="Use a Gaussian prior or a tighter one, or hessian='diag'")
+    except NotPositiveDefiniteError as error:
+        raise NotPositiveDefiniteError(str(error).replace("method 'exact'", "method 'laplace'")) from None
+    raise NotPositiveDefiniteError("method 'laplace': the posterior precision is not positive definite")
+
+
+def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
+    """The likelihood curvature (unweighted) in the structure's own form."""
+    outputs = problem.model.output_dim()
+    rows = curvature.chunk_rows(outputs, len(index))
+    index_arr = jnp.asarray(index)
+    if hessian in ("full", "diag"):
+        return curvature.ggn(problem, u, index_arr, hessian, rows)
+    if hessian == "kfac":
+        factors = curvature.kfac_factors(problem, u, curvature.chunk_rows(outputs, max(r * c for _, r, c in layers)))
+        starts = {start for start, _, _ in _free_layers(layers, index)}
+        return [f for f, (start, _, _) in zip(factors, layers) if start in starts]
+    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows)
+
+
+# -- marginal likelihood over the prior precision (and σ) --------------------------------------------
+@jax.tree_util.register_pytree_node_class
+class _MarglikArrays:
+    def __init__(self, groups, weights, free):
+        self.groups, self.weights, self.free = groups, weights, free
+
+    def tree_flatten(self):
+        return (self.groups, self.weights, self.free), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+
+def _lbfgs_mode(problem, u, weight_mask, alpha_coord, steps: int):
+    """The mode over the coordinates where ``weight_mask`` is 1, every other coordinate held at u;
+    L-BFGS from u until the gradient vanishes or ``steps`` iterations. ``alpha_coord`` None: the
+    model's own prior; else a Gaussian prior with these per-coordinate precisions (an array, so new
+    values never recompile). Plain array code: it vmaps over members."""
+    prior_weight, lik_weight = problem.weights(None)
+
+    def loss(v):
+        full = jnp.where(weight_mask > 0, v, u)
+        if alpha_coord is None:
+            return -problem.log_joint(full)
+        log_lik = problem.log_terms(full).log_likelihood
+        return -(lik_weight * log_lik - 0.5 * prior_weight * jnp.sum(alpha_coord * jnp.square(full)))
+
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    def body(carry):
+        v, state, i, _ = carry
+        value, grad = value_and_grad(v, state=state)
+        grad = grad * weight_mask
+        updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
+        return v + updates * weight_mask, state, i + 1, optax.tree_utils.tree_l2_norm(grad)
+
+    def cond(carry):
+        return (carry[2] < steps) & (carry[3] > 1e-10)
+
+    init = (u, optimizer.init(u), jnp.asarray(0), jnp.asarray(jnp.inf, u.dtype))
+    return jax.lax.while_loop(cond, body, init)[0]
+
+
+_map_with_hypers = jax.jit(_lbfgs_mode, static_argnames=("steps",))
+
+
+@partial(jax.jit, static_argnames=("steps",))
+def members_mode(problem, starts, weight_mask, steps: int):
+    """Modes of the model's log joint from each row of ``starts`` (M, P): M members as one
+    vmapped compiled program."""
+    return jax.vmap(lambda u: _lbfgs_mode(problem, u, weight_mask, None, steps))(starts)
+
+
+def _maximise_evidence(problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at) -> tuple:
+    """Maximise the Laplace evidence over log α (and log σ) at a fixed mode and curvature."""
+    learn_sigma = sigma_at is not None
+    sigma0 = jnp.exp(u[sigma_at]) if learn_sigma else jnp.ones((), u.dtype)
+    residual = _residual_sq(problem, u) if learn_sigma else jnp.zeros((), u.dtype)
+    fixed_lik = _log_likelihood(problem, u)
+    start = jnp.asarray(np.r_[log_alpha, [log_sigma] if learn_sigma else []], u.dtype)
+    best, evidence = _evidence_optimum(
+        problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, hessian=hessian, learn_sigma=learn_sigma,
+        num_alpha=len(log_alpha),
+    )
+    best = np.asarray(best)
+    return best[: len(log_alpha)], (float(best[-1]) if learn_sigma else None), float(evidence)
+
+
+@jax.jit
+def _log_likelihood(problem, u):
+    return problem.log_terms(u).log_likelihood
+
+
+@jax.jit
+def _residual_sq(problem, u):
+    X, y = problem.data
+    f = problem.apply(problem.constrain(u), X)
+    return jnp.sum(jnp.square(y - f))
+
+
+@partial(jax.jit, static_argnames=("hessian", "learn_sigma", "num_alpha"))
+def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, *, hessian, learn_sigma, num_alpha):
+    prior_weight, lik_weight = problem.weights(None)
+    n = problem.num_data
+    theta = u[arrays.free]
+    groups = arrays.groups[arrays.free]
+
+    def log_evidence(h):
+        alpha = jnp.exp(h[:num_alpha])[groups]
+        if learn_sigma:
+            sigma = jnp.exp(h[-1])
+            scale = jnp.square(sigma0 / sigma)
+            log_lik = -0.5 * residual / sigma**2 - n * jnp.log(sigma) - 0.5 * n * math.log(2 * math.pi)
+        else:
+            scale, log_lik = 1.0, fixed_lik
+        d = prior_weight * alpha
+        if hessian == "full":
+            chol = jnp.linalg.cholesky(lik_weight * scale * pieces + jnp.diag(d))
+            log_det = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
+        elif hessian == "diag":
+            log_det = jnp.sum(jnp.log(lik_weight * scale * pieces + d))
+        elif hessian == "kfac":
+            log_det, offset = 0.0, 0
+            for A, G in pieces:
+                la = jnp.maximum(jnp.linalg.eigvalsh(A), 0.0)
+                lg = jnp.maximum(jnp.linalg.eigvalsh(G), 0.0)
+                size = la.shape[0] * lg.shape[0]
+                block_d = d[offset]
+                offset += size
+                log_det = log_det + jnp.sum(jnp.log(lik_weight * scale * la[:, None] * lg[None, :] + block_d))
+        else:
+            vectors, values = pieces
+            inner = (vectors / d[:, None]).T @ vectors * (lik_weight * scale)
+            root = jnp.sqrt(values)
+            small = jnp.eye(values.shape[0], dtype=u.dtype) + root[:, None] * inner * root[None, :]
+            log_det = jnp.sum(jnp.log(d)) + 2.0 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(small))))
+        log_prior = 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
+        return lik_weight * log_lik + prior_weight * log_prior - 0.5 * log_det + 0.5 * theta.shape[0] * math.log(2 * math.pi)
+
+    loss = lambda h: -log_evidence(h)  # noqa: E731
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+
+    def body(carry):
+        h, state, i, _ = carry
+        value, grad = value_and_grad(h, state=state)
+        updates, state = optimizer.update(grad, state, h, value=value, grad=grad, value_fn=loss)
+        return jnp.clip(h + updates, -30.0, 30.0), state, i + 1, optax.tree_utils.tree_l2_norm(grad)
+
+    def cond(carry):
+        return (carry[2] < HYPER_STEPS) & (carry[3] > 1e-9)
+
+    h = jax.lax.while_loop(cond, body, (start, optimizer.init(start), jnp.asarray(0), jnp.asarray(jnp.inf, u.dtype)))[0]
+    return h, log_evidence(h)
