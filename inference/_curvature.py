@@ -10,7 +10,8 @@ returning each dense layer's input and accepting additive "taps" on its pre-acti
   mode vmapped over inputs. Linearised predictions feed them to the covariance operators'
   ``jacobian_variance``, so no P × P matrix and no P Jacobian-vector products are ever needed.
 * :func:`ggn` — the generalised Gauss–Newton Σ_n J_nᵀ Λ_n J_n over chosen coordinates, dense
-  (``"full"``) or its diagonal (``"diag"``).
+  (``"full"``) or its diagonal (``"diag"``); :func:`last_layer_ggn` the same for exactly the last
+  dense layer, from its structure (J_n = φ̃_n ⊗ I).
 * :func:`ggn_vp` and :func:`ggn_lowrank` — matrix-free GGN products and the top eigenpairs
   from them (randomised subspace iteration).
 * :func:`kfac_factors` — per dense layer, A = (1/N) Σ_n ã_n ã_nᵀ (ã the layer input with a 1
@@ -34,7 +35,7 @@ from ppl._errors import OptionError
 
 __all__ = [
     "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",
-    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows",
+    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn",
 ]
 
 CHUNK_BYTES = 64 * 2**20  # the per-input Jacobians of one chunk of data stay below this
@@ -126,6 +127,36 @@ def ggn(problem, u, index, structure: str, rows: int):
         return total + flat.T @ flat, None
 
     zero = jnp.zeros((k,) if structure == "diag" else (k, k), u.dtype)
+    return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
+
+
+@partial(jax.jit, static_argnames=("structure", "rows"))
+def last_layer_ggn(problem, u, structure: str, rows: int):
+    """The GGN over the last dense layer's augmented weights [W; b] (row-major), from its structure:
+    that layer's Jacobian is φ̃_n ⊗ I_C (φ̃ its input with a 1 appended for the bias), so
+    GGN = Σ_n (φ̃_n φ̃_nᵀ) ⊗ Λ_n: N·a²·C² work instead of the generic N·C·(a·C)²."""
+    X, y = problem.data
+    base = problem.constrain(u)
+    params = network_params(problem, u, base)
+    last = problem.layers()[-1]
+    Xc, yc, mc = _chunked(X, y, rows)
+    size = (last.fan_in + (last.bias is not None)) * last.fan_out
+
+    def add(total, chunk):
+        x, _, m = chunk
+        raw, inputs = problem.model.forward(params, x)
+        phi = inputs[-1]
+        if last.bias is not None:
+            phi = jnp.concatenate([phi, jnp.ones((phi.shape[0], 1), phi.dtype)], axis=1)
+        root = problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]
+        lam = root @ jnp.swapaxes(root, 1, 2)  # (B, C, C)
+        if structure == "diag":
+            diag = jnp.square(phi).T @ jnp.diagonal(lam, axis1=1, axis2=2)  # (a, C)
+            return total + jnp.reshape(diag, (size,)), None
+        weighted = jnp.einsum("ni,ncd->nicd", phi, lam)
+        return total + jnp.reshape(jnp.einsum("nj,nicd->icjd", phi, weighted), (size, size)), None
+
+    zero = jnp.zeros((size,) if structure == "diag" else (size, size), u.dtype)
     return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
 
 

@@ -532,6 +532,10 @@ def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
     outputs = problem.model.output_dim()
     rows = curvature.chunk_rows(outputs, len(index))
     index_arr = jnp.asarray(index)
+    start, width, outputs_last = layers[-1]
+    if hessian in ("full", "diag") and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last)):
+        # exactly the last layer: its Jacobian is known in closed form (φ̃ ⊗ I)
+        return curvature.last_layer_ggn(problem, u, hessian, curvature.chunk_rows(outputs * outputs, width))
     if hessian in ("full", "diag"):
         return curvature.ggn(problem, u, index_arr, hessian, rows)
     if hessian == "kfac":

@@ -53,6 +53,16 @@ def test_exact_structures_equal_the_closed_form(hessian, linear_model, linear_da
     assert post.info["converged"] is True
 
 
+@pytest.mark.parametrize("tempering", ["likelihood", "cold"])
+def test_tempered_laplace_equals_the_tempered_closed_form(tempering, linear_model, linear_data):
+    X, y = (np.asarray(a, dtype=float) for a in linear_data.train)
+    truth = closed_form(X, y, temperature=0.5, tempering=tempering)
+    post = ppl.fit(linear_model, (X, y), method="laplace", seed=0, subset="all", hessian="kfac", temperature=0.5,
+                   tempering=tempering)
+    np.testing.assert_allclose(np.asarray(post.approximation.mean), truth["mean"], atol=1e-6)
+    np.testing.assert_allclose(np.asarray(post.approximation.covariance()), truth["cov"], atol=1e-6)
+
+
 def test_diag_is_the_diagonal_precision_gaussian(linear_model, linear_data, linear_truth):
     post = ppl.fit(linear_model, linear_data.train, method="laplace", seed=0, subset="all", hessian="diag")
     expected = np.diag(1.0 / np.diag(linear_truth["precision"]))
@@ -94,6 +104,10 @@ def test_ggn_matches_dense_jacobians_for_a_softmax_network():
     np.testing.assert_allclose(np.asarray(curvature.ggn_vp(problem, u, None, jnp.asarray(vectors), 5)), expected @ vectors, atol=1e-10)
     index = jnp.arange(10, problem.num_params)
     np.testing.assert_allclose(np.asarray(curvature.ggn(problem, u, index, "full", 5)), expected[10:, 10:], atol=1e-10)
+    start = curvature.layer_slices(problem)[-1][0]  # the last layer, from its structure
+    last = expected[start:, start:]
+    np.testing.assert_allclose(np.asarray(curvature.last_layer_ggn(problem, u, "full", 5)), last, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(curvature.last_layer_ggn(problem, u, "diag", 5)), np.diag(last), atol=1e-10)
     top = np.linalg.eigvalsh(expected)[::-1][:3]
     _, values = curvature.ggn_lowrank(problem, u, None, jax.random.PRNGKey(0), 3, 5, iterations=6)
     np.testing.assert_allclose(np.asarray(values), top, rtol=1e-6)
