@@ -49,7 +49,7 @@ def regression_metrics(prediction: Prediction, targets: np.ndarray, level: float
     mixture CDF, mean_s Φ((y − f_s)/σ_s), lies in [(1 − level)/2, (1 + level)/2].
     """
     targets = np.asarray(targets, dtype=float)
-    cdf = np.mean(ndtr((targets[None, :] - prediction.member_means) / prediction.member_noise[:, None]), axis=0)
+    cdf = np.mean(ndtr((targets[None, :] - prediction.member_means) / prediction.noise_per_draw()), axis=0)
     tail = (1.0 - level) / 2.0
     return {
         "nll": float(-np.mean(prediction.log_prob(targets))),

@@ -21,7 +21,10 @@ import numpyro.distributions as dist
 
 from ppl._errors import DataError
 
-LIKELIHOODS = ("gaussian", "bernoulli", "categorical")
+LIKELIHOODS = ("gaussian", "bernoulli", "categorical", "heteroscedastic")
+# Likelihoods of real-valued targets (regression). "heteroscedastic" is a Gaussian whose
+# log-variance the network predicts per input: two outputs, mean and log σ².
+REGRESSION_LIKELIHOODS = ("gaussian", "heteroscedastic")
 ACTIVATIONS = {
     "relu": jax.nn.relu,
     "tanh": jnp.tanh,
@@ -49,6 +52,8 @@ class SupervisedModel:
 
     # -- structure -----------------------------------------------------------------------------
     def output_dim(self) -> int:
+        if self.likelihood == "heteroscedastic":
+            return 2
         if self.likelihood == "categorical":
             if self.num_classes is None:
                 raise ValueError(
@@ -79,7 +84,11 @@ class SupervisedModel:
             if taps is not None:
                 pre = pre + taps[i]
             h = pre if layer.activation is None else ACTIVATIONS[layer.activation](pre)
-        return (h if self.likelihood == "categorical" else h[..., 0]), inputs
+        return self.squeeze(h), inputs
+
+    def squeeze(self, h):
+        """The network's last-layer output as ``apply`` returns it: (B,) for one output unit."""
+        return h if self.likelihood in ("categorical", "heteroscedastic") else h[..., 0]
 
     def apply(self, params: dict, X):
         """The likelihood's natural parameter (mean or logits) at inputs ``X``."""
@@ -91,7 +100,15 @@ class SupervisedModel:
         Λ does not depend on y for these likelihoods: 1/σ² (gaussian), p(1 − p) (bernoulli, p the
         probability of class 1) and diag(p) − p pᵀ (categorical, whose square root is
         diag(√p) − p √pᵀ since Σ p = 1). C = 1 for gaussian and bernoulli (``f`` of shape (B,)).
+        For ``heteroscedastic`` (outputs μ and s = log σ²) the Hessian depends on y and is not
+        positive semi-definite, so its expectation over y, the Fisher information diag(e^(−s), ½),
+        is used (the standard GGN choice).
         """
+        if self.likelihood == "heteroscedastic":
+            first = jnp.exp(-0.5 * f[:, 1])
+            zero = jnp.zeros_like(first)
+            half = jnp.full_like(first, 0.5**0.5)
+            return jnp.stack([jnp.stack([first, zero], -1), jnp.stack([zero, half], -1)], -2)
         if self.likelihood == "gaussian":
             root = jnp.broadcast_to(1.0 / self.noise(params), f.shape)
             return root[:, None, None]
@@ -127,8 +144,16 @@ class SupervisedModel:
             return params["sigma"]
         return jnp.asarray(self.noise_scale)
 
+    def predictive_moments(self, f, params: dict) -> tuple:
+        """(mean, noise sd) of p(y | f) for regression: sd is a scalar σ (gaussian) or per input."""
+        if self.likelihood == "heteroscedastic":
+            return f[..., 0], jnp.exp(0.5 * f[..., 1])
+        return f, self.noise(params)
+
     def observation(self, f, params: dict) -> dist.Distribution:
         """p(y | f): ``f`` is ``apply``'s output for a batch of inputs."""
+        if self.likelihood == "heteroscedastic":
+            return dist.Normal(f[..., 0], jnp.exp(0.5 * f[..., 1]))
         if self.likelihood == "gaussian":
             return dist.Normal(f, self.noise(params))
         if self.likelihood == "bernoulli":
@@ -150,7 +175,7 @@ class SupervisedModel:
     def check_targets(self, y: np.ndarray) -> np.ndarray:
         """Validate targets for this likelihood and return them in the dtype the model uses."""
         n = y.shape[0]
-        if self.likelihood == "gaussian":
+        if self.likelihood in REGRESSION_LIKELIHOODS:
             return y.astype(float)
         if not np.all(np.equal(np.mod(y, 1), 0)):
             bad = int(np.flatnonzero(np.mod(y, 1) != 0)[0])

@@ -27,12 +27,14 @@ class BNN(SupervisedModel):
     Sites ``w{i}`` (fan_in, fan_out) and ``b{i}`` (fan_out,) for dense layer ``i`` counted from the
     input; ``sigma`` when a Gaussian noise scale is learned (``noise_scale=None``). The output is
     one unit for ``gaussian`` (the mean) and ``bernoulli`` (the logit), C units for
-    ``categorical`` (logits; C read from the labels by ``ppl.fit`` unless ``num_classes`` is given).
+    ``categorical`` (logits; C read from the labels by ``ppl.fit`` unless ``num_classes`` is given),
+    two for ``heteroscedastic`` (the mean and the log-variance of a Gaussian: noise that depends on
+    the input).
 
     Args:
         hidden: widths of the hidden layers; ``()`` gives a generalised linear model.
         activation: ``relu``, ``tanh`` or ``gelu``.
-        likelihood: ``gaussian``, ``bernoulli`` or ``categorical``.
+        likelihood: ``gaussian``, ``bernoulli``, ``categorical`` or ``heteroscedastic``.
         prior_scale: scale of the isotropic N(0, s²) prior used when ``prior`` is None.
         prior: a ``ppl.models.priors`` object (per-layer, fan-in scaled, scale mixture).
         noise_scale: fixed Gaussian noise σ, or None to learn it.

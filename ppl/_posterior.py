@@ -14,6 +14,7 @@ from functools import partial
 from ppl._data import validate_inputs
 from ppl._errors import OptionError
 from ppl._results import Prediction
+from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = ["Posterior", "as_key", "PREDICT_MODES"]
 
@@ -54,14 +55,13 @@ def _over_draws(problem, draws, method: str):
 
 
 def _outputs(problem, u, X):
+    """(network output, noise sd) for classification (the sd then 0); for regression the output is
+    the predictive mean and the sd a scalar σ or one per input (heteroscedastic)."""
     params = problem.constrain(u)
-    return problem.apply(params, X), _noise(problem, params)
-
-
-def _noise(problem, params):
-    if problem.likelihood == "gaussian":
-        return problem.model.noise(params)
-    return jnp.zeros(())
+    f = problem.apply(params, X)
+    if problem.likelihood in REGRESSION_LIKELIHOODS:
+        return problem.model.predictive_moments(f, params)
+    return f, jnp.zeros(())
 
 
 @jax.jit
@@ -442,7 +442,7 @@ class Posterior:
                 f"{self.method!r} has none (its approximation: "
                 f"{getattr(self.approximation, 'kind', 'draws only')}) — use mode='mc'"
             )
-        task = "regression" if self.problem.likelihood == "gaussian" else "classification"
+        task = "regression" if self.problem.likelihood in REGRESSION_LIKELIHOODS else "classification"
         if mode in ("probit", "bridge") and task != "classification":
             raise OptionError(f"mode={mode!r} applies to classification; use 'linearized' for regression")
         if mode == "bridge" and self.problem.likelihood != "categorical":
@@ -451,7 +451,7 @@ class Posterior:
                 "logit, for which the bridge's mean is the MAP's sigmoid — use mode='probit', or "
                 "likelihood='categorical' with two classes"
             )
-        outputs = self.problem.model.output_dim() if task == "classification" else 1
+        outputs = self.problem.model.output_dim()
         draws = self.num_chains * self.num_draws if num_samples is None else num_samples
         if mode in ("mc", "linearized"):
             # The per-draw outputs (S, N, C) in float64 are the result; refuse before computing them.
@@ -482,14 +482,23 @@ class Posterior:
         if task == "classification":
             logits = f[..., 0] if self.problem.likelihood == "bernoulli" else f
             return _classification(np.asarray(_class_probs(self.problem.likelihood, logits)))
-        noise = np.asarray(jax.lax.map(lambda u: _noise(self.problem, self.problem.constrain(u)), flat, batch_size=_CHUNK))
-        prediction = _regression(f[..., 0], noise)
+        if self.problem.likelihood == "heteroscedastic":
+            # the second output is log σ²: each draw carries its own noise, and E[σ²] = e^(m + v/2)
+            prediction = _regression(f[..., 0], np.exp(0.5 * f[..., 1]))
+            aleatoric = sum(w * np.exp(m[:, 1] + 0.5 * c[:, 1, 1]) for w, m, c in moments)
+        else:
+            noise = np.asarray(
+                jax.lax.map(lambda u: _outputs(self.problem, u, X[:1])[1], flat, batch_size=_CHUNK)
+            )
+            prediction = _regression(f[..., 0], noise)
+            aleatoric = prediction.aleatoric_variance
         # The linearised predictive's moments are known exactly; report them, not their MC estimates.
         mean = sum(w * m[:, 0] for w, m, _ in moments)
         second = sum(w * (c[:, 0, 0] + np.square(m[:, 0])) for w, m, c in moments)
         epistemic = np.maximum(second - np.square(mean), 0.0)
         return dataclasses.replace(
-            prediction, mean=mean, epistemic_variance=epistemic, variance=epistemic + prediction.aleatoric_variance
+            prediction, mean=mean, epistemic_variance=epistemic, aleatoric_variance=aleatoric,
+            variance=epistemic + aleatoric,
         )
 
     # -- diagnostics, export, persistence ---------------------------------------------------------
@@ -546,9 +555,11 @@ def _classification(member_probs: np.ndarray) -> Prediction:
 
 
 def _regression(means: np.ndarray, noise: np.ndarray) -> Prediction:
+    """Summaries of S draws of means (S, N) with noise sds: one per draw (S,) or per draw and input (S, N)."""
     means, noise = means.astype(np.float64), noise.astype(np.float64)
     epistemic = means.var(axis=0)
-    aleatoric = np.full(means.shape[1], np.mean(np.square(noise)))
+    per_input = noise.reshape(noise.shape[0], -1) if noise.ndim else noise.reshape(1, 1)
+    aleatoric = np.broadcast_to(np.mean(np.square(per_input), axis=0), (means.shape[1],)).copy()
     return Prediction(
         task="regression",
         mean=means.mean(axis=0),
@@ -556,6 +567,6 @@ def _regression(means: np.ndarray, noise: np.ndarray) -> Prediction:
         epistemic_variance=epistemic,
         aleatoric_variance=aleatoric,
         member_means=means,
-        member_noise=np.broadcast_to(noise, (means.shape[0],)).copy(),
+        member_noise=(np.broadcast_to(noise, means.shape) if noise.ndim == 2 else np.broadcast_to(noise, (means.shape[0],))).copy(),
     )
 

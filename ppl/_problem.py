@@ -320,7 +320,7 @@ class Problem:
             h = m + jnp.sqrt(v) * jax.random.normal(jax.random.fold_in(key, i), m.shape, dtype=m.dtype)
             if layer.activation is not None:
                 h = ACTIVATIONS[layer.activation](h)
-        f = h if self.likelihood == "categorical" else h[..., 0]
+        f = self.model.squeeze(h)
         return jnp.sum(self.model.observation(f, params).log_prob(y))
 
     def log_jacobian(self, u: jax.Array) -> jax.Array:

@@ -20,7 +20,9 @@ class Prediction:
     ``member_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
     and ``epistemic`` (mutual information), each (N,). The closed-form ``probit`` predictive has no
     per-draw probabilities: there ``member_probs``, ``aleatoric`` and ``epistemic`` are None.
-    Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``.
+    Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``;
+    ``member_means`` (S, N) and ``member_noise``, the noise sd per draw (S,) or, for a
+    heteroscedastic model, per draw and input (S, N).
     ``log_prob(y)`` gives the pointwise posterior-predictive log density (N,).
     """
 
@@ -37,6 +39,12 @@ class Prediction:
     member_means: np.ndarray | None = None
     member_noise: np.ndarray | None = None
 
+    def noise_per_draw(self) -> np.ndarray:
+        """``member_noise`` as (S, N): it is stored per draw (S,), or per draw and input for a
+        heteroscedastic model (S, N)."""
+        noise = np.asarray(self.member_noise)
+        return noise if noise.ndim == 2 else noise[:, None]
+
     def log_prob(self, y) -> np.ndarray:
         """log p(y_i | x_i, D) per point: log of the mean predictive probability/density."""
         y = np.asarray(y)
@@ -48,7 +56,7 @@ class Prediction:
         if y.shape[0] != self.mean.shape[0]:
             raise ValueError(f"y has {y.shape[0]} entries but the prediction covers {self.mean.shape[0]} inputs")
         # Mixture over draws of N(y; f_s, σ_s²): exact for the Monte Carlo predictive.
-        mu, sd = self.member_means, self.member_noise[:, None]
+        mu, sd = self.member_means, self.noise_per_draw()
         log_dens = -0.5 * np.square((y[None, :] - mu) / sd) - np.log(sd) - 0.5 * math.log(2 * math.pi)
         peak = log_dens.max(axis=0)
         return peak + np.log(np.mean(np.exp(log_dens - peak), axis=0))

@@ -378,3 +378,32 @@ def test_plain_program_gets_the_exact_hessian():
     assert float(jnp.linalg.norm(jax.grad(problem.logdensity_fn)(mode))) < 1e-6
     precision = -np.asarray(jax.hessian(problem.logdensity_fn)(mode))
     np.testing.assert_allclose(np.asarray(post.approximation.covariance()), np.linalg.inv(precision), rtol=1e-8)
+
+
+def test_heteroscedastic_regression_fisher_and_linearised_noise(tmp_path):
+    model = BNN(hidden=(32,), activation="tanh", likelihood="heteroscedastic")
+    # the output "Hessian" is the Fisher: the expectation over y of −∇²_f log N(y; μ, e^s), which a
+    # two-point rule y = μ ± σ integrates exactly (the Hessian is quadratic in y)
+    mu, s = 0.3, -0.7
+    f = jnp.asarray([[mu, s]])
+
+    def nll(ff, yy):
+        return -model.observation(ff, {}).log_prob(yy).sum()
+
+    sigma = math.exp(s / 2)
+    fisher = sum(np.asarray(jax.hessian(nll)(f, jnp.asarray([y])))[0, :, 0, :] for y in (mu + sigma, mu - sigma)) / 2
+    root = np.asarray(model.output_hessian_sqrt(f, {}))[0]
+    np.testing.assert_allclose(root @ root.T, fisher, atol=1e-12)
+    # noise that grows with |x|: the linearised predictive's aleatoric sd follows it
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-3, 3, size=(300, 1))
+    y = np.sin(X[:, 0]) + rng.normal(size=300) * (0.05 + 0.3 * np.abs(X[:, 0]))
+    post = ppl.fit(model, (X, y), method="laplace", seed=0, subset="all", hessian="full")
+    pred = post.predict(np.array([[-2.5], [0.0], [2.5]]), seed=1, mode="linearized")
+    noise = np.sqrt(pred.aleatoric_variance)  # truth 0.8, 0.05, 0.8
+    assert noise[1] < 0.3 and noise[0] > 0.5 and noise[2] > 0.5
+    assert pred.member_noise.shape == (post.num_draws, 3)
+    metrics = ppl.evaluate(post, (X[:50], y[:50]), seed=1, mode="linearized")
+    assert np.isfinite(metrics["nll"]) and 0 <= metrics["coverage_90"] <= 1
+    post.save(tmp_path / "het")
+    np.testing.assert_allclose(ppl.load(tmp_path / "het").predict(X[:5], seed=1).mean, post.predict(X[:5], seed=1).mean)
