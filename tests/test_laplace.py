@@ -89,6 +89,7 @@ def test_kfac_is_exact_for_one_datum_of_a_network():
         np.testing.assert_allclose(np.kron(A, G), block, atol=1e-12)
 
 
+@pytest.mark.slow
 def test_ggn_matches_dense_jacobians_for_a_softmax_network():
     rng = np.random.default_rng(2)
     X, y = rng.normal(size=(23, 3)), rng.integers(0, 3, 23)
@@ -157,6 +158,7 @@ def test_marglik_finds_the_closed_form_optimum_and_compiles_once(linear_data):
     assert counts[0] == counts[1]
 
 
+@pytest.mark.slow
 def test_marglik_learns_the_noise_of_linear_regression(linear_data):
     X, y = linear_data.train
     post = ppl.fit(LinearRegression(noise_scale=None), linear_data.train, method="laplace", seed=0,
@@ -303,6 +305,7 @@ def test_probit_agrees_with_a_large_linearised_sample(cancer):
     assert np.max(np.abs(mc.probs - sampled.probs)) < 0.03
 
 
+@pytest.mark.slow
 def test_laplace_runs_save_and_load(cancer, tmp_path):
     data, model, map_post = cancer
     # (every operator's arrays round-trip through from_arrays in the operator tests above)
@@ -317,6 +320,7 @@ def test_laplace_runs_save_and_load(cancer, tmp_path):
         np.testing.assert_allclose(back.log_prob(post.sample(3, seed=4)), post.log_prob(post.sample(3, seed=4)))
 
 
+@pytest.mark.slow
 def test_bridge_and_mode_errors(cancer):
     data, model, map_post = cancer
     post = ppl.fit(model, data.train, method="laplace", seed=0, init=map_post, num_draws=100)
@@ -380,6 +384,7 @@ def test_plain_program_gets_the_exact_hessian():
     np.testing.assert_allclose(np.asarray(post.approximation.covariance()), np.linalg.inv(precision), rtol=1e-8)
 
 
+@pytest.mark.slow
 def test_heteroscedastic_regression_fisher_and_linearised_noise(tmp_path):
     model = BNN(hidden=(32,), activation="tanh", likelihood="heteroscedastic")
     # the output "Hessian" is the Fisher: the expectation over y of −∇²_f log N(y; μ, e^s), which a
