@@ -305,7 +305,8 @@ class Laplace(Method):
         finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init)
         found = finder.run(key, problem)
         u = found.approximation.loc
-        info = {k: found.info[k] for k in ("converged", "convergence") if k in found.info}
+        # An interrupted search (Ctrl-C) is recorded as such: the diagnostics then fail the result.
+        info = {k: found.info[k] for k in ("converged", "convergence", "interrupted", "steps_done") if k in found.info}
         info["map_losses"] = np.asarray(found.info["losses"])
         info["map_gradient_norm"] = float(_full_gradient(_JOINT, problem, u, key)[1])
         if info.get("converged") is False:
