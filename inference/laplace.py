@@ -30,7 +30,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -547,17 +547,12 @@ def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
 
 
 # -- marginal likelihood over the prior precision (and σ) --------------------------------------------
-@jax.tree_util.register_pytree_node_class
-class _MarglikArrays:
-    def __init__(self, groups, weights, free):
-        self.groups, self.weights, self.free = groups, weights, free
+class _MarglikArrays(NamedTuple):
+    """Per-coordinate layer groups, the network-weight mask and the free coordinates (a pytree)."""
 
-    def tree_flatten(self):
-        return (self.groups, self.weights, self.free), None
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children)
+    groups: jax.Array
+    weights: jax.Array
+    free: jax.Array
 
 
 def _lbfgs_mode(problem, u, weight_mask, alpha_coord, steps: int):
@@ -574,20 +569,29 @@ def _lbfgs_mode(problem, u, weight_mask, alpha_coord, steps: int):
         log_lik = problem.log_terms(full).log_likelihood
         return -(lik_weight * log_lik - 0.5 * prior_weight * jnp.sum(alpha_coord * jnp.square(full)))
 
+    return _lbfgs(loss, u, steps, 1e-10, mask=weight_mask)
+
+
+def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
+    """L-BFGS (optax, zoom line search) on ``loss`` from ``x`` inside one ``while_loop``, until the
+    gradient norm is at most ``tol`` or ``steps`` iterations. ``mask`` (0/1 per coordinate) holds
+    coordinates fixed; ``bound`` clips the iterate to [−bound, bound]."""
     optimizer = optax.lbfgs()
     value_and_grad = optax.value_and_grad_from_state(loss)
+    mask = jnp.ones_like(x) if mask is None else mask
 
     def body(carry):
         v, state, i, _ = carry
         value, grad = value_and_grad(v, state=state)
-        grad = grad * weight_mask
+        grad = grad * mask
         updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
-        return v + updates * weight_mask, state, i + 1, optax.tree_utils.tree_l2_norm(grad)
+        v = v + updates * mask
+        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, optax.tree_utils.tree_l2_norm(grad)
 
     def cond(carry):
-        return (carry[2] < steps) & (carry[3] > 1e-10)
+        return (carry[2] < steps) & (carry[3] > tol)
 
-    init = (u, optimizer.init(u), jnp.asarray(0), jnp.asarray(jnp.inf, u.dtype))
+    init = (x, optimizer.init(x), jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype))
     return jax.lax.while_loop(cond, body, init)[0]
 
 
@@ -667,18 +671,5 @@ def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed
         log_prior = 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
         return lik_weight * log_lik + prior_weight * log_prior - 0.5 * log_det + 0.5 * theta.shape[0] * math.log(2 * math.pi)
 
-    loss = lambda h: -log_evidence(h)  # noqa: E731
-    optimizer = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(loss)
-
-    def body(carry):
-        h, state, i, _ = carry
-        value, grad = value_and_grad(h, state=state)
-        updates, state = optimizer.update(grad, state, h, value=value, grad=grad, value_fn=loss)
-        return jnp.clip(h + updates, -30.0, 30.0), state, i + 1, optax.tree_utils.tree_l2_norm(grad)
-
-    def cond(carry):
-        return (carry[2] < HYPER_STEPS) & (carry[3] > 1e-9)
-
-    h = jax.lax.while_loop(cond, body, (start, optimizer.init(start), jnp.asarray(0), jnp.asarray(jnp.inf, u.dtype)))[0]
+    h = _lbfgs(lambda h: -log_evidence(h), start, HYPER_STEPS, 1e-9, bound=30.0)
     return h, log_evidence(h)
