@@ -487,9 +487,7 @@ class Posterior:
             prediction = _regression(f[..., 0], np.exp(0.5 * f[..., 1]))
             aleatoric = sum(w * np.exp(m[:, 1] + 0.5 * c[:, 1, 1]) for w, m, c in moments)
         else:
-            noise = np.asarray(
-                jax.lax.map(lambda u: _outputs(self.problem, u, X[:1])[1], flat, batch_size=_CHUNK)
-            )
+            noise = np.asarray(_outputs_many(self.problem, flat, X[:1])[1])  # σ per draw (compiled once)
             prediction = _regression(f[..., 0], noise)
             aleatoric = prediction.aleatoric_variance
         # The linearised predictive's moments are known exactly; report them, not their MC estimates.
