@@ -46,10 +46,11 @@ def regression_metrics(prediction: Prediction, targets: np.ndarray, level: float
     """NLL, RMSE of the predictive mean, and coverage of the central ``level`` predictive interval.
 
     Coverage is exact for the Monte Carlo predictive mixture: y lies in the central interval iff its
-    mixture CDF, mean_s Φ((y − f_s)/σ_s), lies in [(1 − level)/2, (1 + level)/2].
+    mixture CDF, mean_s Φ((y − f_s)/σ_s), lies in [(1 − level)/2, (1 + level)/2]. With K targets per
+    input, RMSE and coverage run over all N·K values and the NLL is the mean joint −log density per input.
     """
     targets = np.asarray(targets, dtype=float)
-    cdf = np.mean(ndtr((targets[None, :] - prediction.member_means) / prediction.noise_per_draw()), axis=0)
+    cdf = np.mean(ndtr((targets[None] - prediction.member_means) / prediction.noise_per_draw()), axis=0)
     tail = (1.0 - level) / 2.0
     return {
         "nll": float(-np.mean(prediction.log_prob(targets))),

@@ -22,10 +22,18 @@ returning each dense layer's input and accepting additive "taps" on its pre-acti
 Sums over data run batch by batch (:data:`CHUNK_BYTES` bounds a chunk's Jacobians); rows added
 to fill the last chunk are masked out. The results are the likelihood's curvature, unweighted:
 the caller applies tempering and the prior (``Problem.weights``).
+
+Precision: the network runs in the run's own float type, but its Jacobians are widened to float64
+before they are multiplied and summed, whenever float64 is available — which :func:`float64`
+makes it, for the duration of a curvature computation, even in a float32 run. Products of float32
+numbers are exact in float64, so a GGN summed over many data points loses nothing to rounding,
+and the factorisations and log-determinants done on it afterwards are float64 too: an
+ill-conditioned posterior precision (collinear inputs, a weak prior) is inverted accurately.
 """
 
 from __future__ import annotations
 
+import contextlib
 from functools import partial
 
 import jax
@@ -39,6 +47,18 @@ __all__ = [
 ]
 
 CHUNK_BYTES = 64 * 2**20  # the per-input Jacobians of one chunk of data stay below this
+
+
+def float64():
+    """A context in which float64 arrays exist, whatever the run's default float type (nothing to
+    do in a float64 run). Functions jitted inside it compile separately from those outside."""
+    return contextlib.nullcontext() if jax.config.jax_enable_x64 else jax.enable_x64(True)
+
+
+def wide(dtype):
+    """float64 where it is available (inside :func:`float64`), else ``dtype``; traced code uses it
+    for accumulators, so that it also runs, narrower, outside the context."""
+    return jnp.promote_types(dtype, jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
 def network_params(problem, u, base: dict) -> dict:
@@ -120,13 +140,14 @@ def ggn(problem, u, index, structure: str, rows: int):
         x, _, m = chunk
         jac = output_jacobians(problem, u, x, index, base)  # (B, C, k)
         root = _hessian_root(problem, u, base, x, m)  # (B, C, C)
-        scaled = jnp.einsum("bcp,bcd->bdp", jac, root)  # Lᵀ J
+        acc = total.dtype
+        scaled = jnp.einsum("bcp,bcd->bdp", jac.astype(acc), root.astype(acc))  # Lᵀ J
         if structure == "diag":
             return total + jnp.sum(jnp.square(scaled), axis=(0, 1)), None
         flat = jnp.reshape(scaled, (-1, k))
         return total + flat.T @ flat, None
 
-    zero = jnp.zeros((k,) if structure == "diag" else (k, k), u.dtype)
+    zero = jnp.zeros((k,) if structure == "diag" else (k, k), wide(u.dtype))
     return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
 
 
@@ -148,7 +169,8 @@ def last_layer_ggn(problem, u, structure: str, rows: int):
         phi = inputs[-1]
         if last.bias is not None:
             phi = jnp.concatenate([phi, jnp.ones((phi.shape[0], 1), phi.dtype)], axis=1)
-        root = problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]
+        root = (problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]).astype(total.dtype)
+        phi = phi.astype(total.dtype)
         lam = root @ jnp.swapaxes(root, 1, 2)  # (B, C, C)
         if structure == "diag":
             diag = jnp.square(phi).T @ jnp.diagonal(lam, axis1=1, axis2=2)  # (a, C)
@@ -156,7 +178,7 @@ def last_layer_ggn(problem, u, structure: str, rows: int):
         weighted = jnp.einsum("ni,ncd->nicd", phi, lam)
         return total + jnp.reshape(jnp.einsum("nj,nicd->icjd", phi, weighted), (size, size)), None
 
-    zero = jnp.zeros((size,) if structure == "diag" else (size, size), u.dtype)
+    zero = jnp.zeros((size,) if structure == "diag" else (size, size), wide(u.dtype))
     return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
 
 
@@ -175,9 +197,9 @@ def ggn_vp(problem, u, index, vectors, rows: int):
         _, pullback = jax.vjp(fn, free)
 
         def one(v):
-            tangent = jax.jvp(fn, (free,), (v,))[1]  # J v, (B, C)
+            tangent = jax.jvp(fn, (free,), (v.astype(free.dtype),))[1]  # J v, (B, C)
             weighted = jnp.einsum("bcd,bed,be->bc", root, root, tangent)  # Λ J v
-            return pullback(weighted)[0]
+            return pullback(weighted)[0].astype(total.dtype)
 
         return total + jax.vmap(one, in_axes=1, out_axes=1)(vectors), None
 
@@ -190,7 +212,7 @@ def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 
     by randomised subspace iteration (Halko, Martinsson & Tropp 2011) on :func:`ggn_vp` products."""
     k = u.shape[0] if index is None else index.shape[0]
     width = min(k, rank + oversample)
-    basis, _ = jnp.linalg.qr(jax.random.normal(key, (k, width), u.dtype))
+    basis, _ = jnp.linalg.qr(jax.random.normal(key, (k, width), wide(u.dtype)))
     for _ in range(iterations):
         basis, _ = jnp.linalg.qr(ggn_vp(problem, u, index, basis, rows))
     projected = basis.T @ ggn_vp(problem, u, index, basis, rows)
@@ -248,15 +270,15 @@ def kfac_factors(problem, u, rows: int) -> list:
         for (a_total, g_total), layer, h, g in zip(totals, layers, inputs, per_output):
             if layer.bias is not None:
                 h = jnp.concatenate([h, jnp.ones((h.shape[0], 1), h.dtype)], axis=1)
-            h = h * m[:, None]
-            g2 = jnp.reshape(g, (-1, g.shape[-1]))
+            h = (h * m[:, None]).astype(a_total.dtype)
+            g2 = jnp.reshape(g, (-1, g.shape[-1])).astype(g_total.dtype)
             new.append((a_total + h.T @ h, g_total + g2.T @ g2))
         return new, None
 
     zero = []
     for layer in layers:
         a = layer.fan_in + (layer.bias is not None)
-        zero.append((jnp.zeros((a, a), u.dtype), jnp.zeros((layer.fan_out, layer.fan_out), u.dtype)))
+        zero.append((jnp.zeros((a, a), wide(u.dtype)), jnp.zeros((layer.fan_out, layer.fan_out), wide(u.dtype))))
     totals = jax.lax.scan(add, zero, (Xc, yc, mc))[0]
     return [(a / X.shape[0], g) for a, g in totals]
 

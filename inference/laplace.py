@@ -230,6 +230,12 @@ class Laplace(Method):
                 prior = np.asarray(curvature.prior_precision_diagonal(problem, problem.init_params))
                 for (start, rows, cols) in _free_layers(curvature.layer_slices(problem), self.free_index(problem)):
                     _one_precision(problem, prior[start : start + rows * cols], start)
+            if self.prior_precision == "marglik" and model.multi_output and model.noise_scale is None:
+                raise OptionError(
+                    f"{self.name}: marglik tunes one Gaussian noise scale, but this model learns {model.num_outputs} "
+                    "(one per output); fix them with BNN(noise_scale=...) (a number or one per output), or give "
+                    "prior_precision a number instead of 'marglik'"
+                )
             if self.prior_precision == "marglik" and problem.likelihood == "gaussian" and model.noise_scale is None:
                 support = [s for s in problem.sites if s.name == "sigma"]
                 if not support:
@@ -341,11 +347,12 @@ class Laplace(Method):
             if sigma_at is not None:
                 u = u.at[sigma_at].set(log_sigma)
             u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
-            pieces = _curvature_pieces(problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), layers)
             old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
-            log_alpha, log_sigma, evidence = _maximise_evidence(
-                problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
-            )
+            with curvature.float64():
+                pieces = _curvature_pieces(problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), layers)
+                log_alpha, log_sigma, evidence = _maximise_evidence(
+                    problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
+                )
             evidences.append(evidence)
             new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
             if np.max(np.abs(new - old)) < MARGLIK_RTOL:
@@ -423,16 +430,23 @@ def _stationarity(problem, u, key, start, how: str, density: bool = False) -> di
 
 # -- the Gaussian at a mode -----------------------------------------------------------------------------
 def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
-    """(Gaussian, log evidence or None) at mode ``u`` over the coordinates ``index``."""
+    """(Gaussian, log evidence or None) at mode ``u`` over the coordinates ``index``.
+
+    The curvature is summed, factorised and its log-determinant taken in float64 even in a float32
+    run (see the curvature service); the Gaussian is then stored in the run's float type."""
+    with curvature.float64():
+        if not problem.is_declarative:
+            family, log_z, rcond, precision = _assemble_program(problem, u)
+        else:
+            layers = curvature.layer_slices(problem)
+            pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
+            family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
+    family = _narrow(family, u.dtype)
     if not problem.is_declarative:
-        family, log_z, rcond, precision = _assemble_program(problem, u)
-        if not float(rcond) > float(u.shape[0] * jnp.finfo(u.dtype).eps):
+        if not float(rcond) > float(u.shape[0] * jnp.finfo(precision.dtype).eps):
             _not_pd(rcond, precision, flat_names(problem))
         return family, float(log_z)
-    layers = curvature.layer_slices(problem)
-    pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
-    family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
-    if hessian == "full" and not float(health) > float(len(index) * jnp.finfo(u.dtype).eps):
+    if hessian == "full" and not float(health) > float(len(index) * jnp.finfo(precision.dtype).eps):
         _not_pd(health, precision, _names(problem, index))
     if hessian != "full" and not float(health) > 0:
         where = ""
@@ -447,6 +461,17 @@ def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
     return family, (float(log_z) if problem.model.gaussian_prior else None)
 
 
+def _narrow(family, dtype):
+    """``family`` (computed where float64 was enabled) with its floating arrays in ``dtype``, the
+    run's float type, and its integer arrays in the run's integer type."""
+    def narrow(leaf):
+        if jnp.issubdtype(leaf.dtype, jnp.floating):
+            return leaf.astype(dtype)
+        return leaf.astype(jax.dtypes.canonicalize_dtype(leaf.dtype))
+
+    return jax.tree.map(narrow, family)
+
+
 def _names(problem, index) -> list:
     everything = flat_names(problem)
     return [everything[i] for i in index]
@@ -455,7 +480,7 @@ def _names(problem, index) -> list:
 @jax.jit
 def _assemble_program(problem, u):
     """The exact-Hessian Gaussian of a plain program at its mode, its evidence and PD health."""
-    precision = curvature.hessian(problem, u)
+    precision = curvature.hessian(problem, u).astype(curvature.wide(u.dtype))
     factor = factor_precision(precision)
     cov = Full(factor.scale_tril)
     log_z = problem.logdensity_fn(u) + 0.5 * u.shape[0] * math.log(2 * math.pi) + 0.5 * cov.log_det()
@@ -586,7 +611,7 @@ def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
         grad = grad * mask
         updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
         v = v + updates * mask
-        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, optax.tree_utils.tree_l2_norm(grad)
+        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, jnp.linalg.norm(grad)
 
     def cond(carry):
         return (carry[2] < steps) & (carry[3] > tol)
@@ -611,7 +636,7 @@ def _maximise_evidence(problem, u, arrays, hessian, pieces, log_alpha, log_sigma
     sigma0 = jnp.exp(u[sigma_at]) if learn_sigma else jnp.ones((), u.dtype)
     residual = _residual_sq(problem, u) if learn_sigma else jnp.zeros((), u.dtype)
     fixed_lik = _log_likelihood(problem, u)
-    start = jnp.asarray(np.r_[log_alpha, [log_sigma] if learn_sigma else []], u.dtype)
+    start = jnp.asarray(np.r_[log_alpha, [log_sigma] if learn_sigma else []], curvature.wide(u.dtype))
     best, evidence = _evidence_optimum(
         problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, hessian=hessian, learn_sigma=learn_sigma,
         num_alpha=len(log_alpha),

@@ -112,7 +112,7 @@ def _run_chunk(objective, config, capacity, problem, params, opt_state, key, sta
         if config.optimizer == "lbfgs":
             value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
             updates, new_state = optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn)
-            grad_norm = optax.tree_utils.tree_l2_norm(grad)
+            grad_norm = optax.tree_utils.tree_norm(grad)
             active = (step < config.steps) & (grad_norm > config.grad_tol)
         else:
             value, grad = jax.value_and_grad(loss_fn)(params)
@@ -136,7 +136,7 @@ def _run_chunk(objective, config, capacity, problem, params, opt_state, key, sta
 @partial(jax.jit, static_argnames=("objective",))
 def _full_gradient(objective, problem, params, key):
     value, grad = jax.value_and_grad(lambda p: objective(p, problem, key, None))(params)
-    return value, optax.tree_utils.tree_l2_norm(grad)
+    return value, optax.tree_utils.tree_norm(grad)
 
 
 GRADIENT_REPEATS = 32  # independent gradient estimates behind the stochastic stationarity test

@@ -54,6 +54,8 @@ class SupervisedModel:
     def output_dim(self) -> int:
         if self.likelihood == "heteroscedastic":
             return 2
+        if self.multi_output:
+            return int(self.num_outputs)
         if self.likelihood == "categorical":
             if self.num_classes is None:
                 raise ValueError(
@@ -66,6 +68,16 @@ class SupervisedModel:
     @property
     def num_classes(self):
         return None
+
+    @property
+    def num_outputs(self):
+        """K for multi-output Gaussian regression (targets (N, K)); None for one target per input."""
+        return None
+
+    @property
+    def multi_output(self) -> bool:
+        """Gaussian regression on K ≥ 2 targets per input, each with its own noise scale."""
+        return self.likelihood == "gaussian" and (self.num_outputs or 1) > 1
 
     def forward(self, params: dict, X, taps=None) -> tuple:
         """(output, inputs): the network's output for constrained ``params`` at ``X`` and the input
@@ -88,7 +100,7 @@ class SupervisedModel:
 
     def squeeze(self, h):
         """The network's last-layer output as ``apply`` returns it: (B,) for one output unit."""
-        return h if self.likelihood in ("categorical", "heteroscedastic") else h[..., 0]
+        return h if self.likelihood in ("categorical", "heteroscedastic") or self.multi_output else h[..., 0]
 
     def apply(self, params: dict, X):
         """The likelihood's natural parameter (mean or logits) at inputs ``X``."""
@@ -99,7 +111,8 @@ class SupervisedModel:
 
         Λ does not depend on y for these likelihoods: 1/σ² (gaussian), p(1 − p) (bernoulli, p the
         probability of class 1) and diag(p) − p pᵀ (categorical, whose square root is
-        diag(√p) − p √pᵀ since Σ p = 1). C = 1 for gaussian and bernoulli (``f`` of shape (B,)).
+        diag(√p) − p √pᵀ since Σ p = 1). C = 1 for gaussian and bernoulli (``f`` of shape (B,));
+        multi-output Gaussian regression has Λ = diag(1/σ_k²) over its K outputs.
         For ``heteroscedastic`` (outputs μ and s = log σ²) the Hessian depends on y and is not
         positive semi-definite, so its expectation over y, the Fisher information diag(e^(−s), ½),
         is used (the standard GGN choice).
@@ -111,7 +124,7 @@ class SupervisedModel:
             return jnp.stack([jnp.stack([first, zero], -1), jnp.stack([zero, half], -1)], -2)
         if self.likelihood == "gaussian":
             root = jnp.broadcast_to(1.0 / self.noise(params), f.shape)
-            return root[:, None, None]
+            return jax.vmap(jnp.diag)(root) if self.multi_output else root[:, None, None]
         if self.likelihood == "bernoulli":
             return jnp.exp(0.5 * (jax.nn.log_sigmoid(f) + jax.nn.log_sigmoid(-f)))[:, None, None]
         p = jax.nn.softmax(f, axis=-1)
@@ -139,13 +152,16 @@ class SupervisedModel:
         return self
 
     def noise(self, params: dict):
-        """Observation noise σ of a Gaussian likelihood: learned ``sigma`` site or the fixed scale."""
+        """Observation noise σ of a Gaussian likelihood: learned ``sigma`` site or the fixed scale;
+        one per output (K,) for multi-output regression."""
         if self.noise_scale is None:
             return params["sigma"]
-        return jnp.asarray(self.noise_scale)
+        scale = jnp.asarray(self.noise_scale)
+        return jnp.broadcast_to(scale, (self.num_outputs,)) if self.multi_output else scale
 
     def predictive_moments(self, f, params: dict) -> tuple:
-        """(mean, noise sd) of p(y | f) for regression: sd is a scalar σ (gaussian) or per input."""
+        """(mean, noise sd) of p(y | f) for regression: sd is a scalar σ (gaussian), one per output
+        (K,) (multi-output) or one per input (heteroscedastic)."""
         if self.likelihood == "heteroscedastic":
             return f[..., 0], jnp.exp(0.5 * f[..., 1])
         return f, self.noise(params)
@@ -155,13 +171,16 @@ class SupervisedModel:
         if self.likelihood == "heteroscedastic":
             return dist.Normal(f[..., 0], jnp.exp(0.5 * f[..., 1]))
         if self.likelihood == "gaussian":
-            return dist.Normal(f, self.noise(params))
+            normal = dist.Normal(f, self.noise(params))
+            return normal.to_event(1) if self.multi_output else normal
         if self.likelihood == "bernoulli":
             return dist.Bernoulli(logits=f)
         return dist.Categorical(logits=f)
 
     def _sample_noise(self):
         if self.likelihood == "gaussian" and self.noise_scale is None:
+            if self.multi_output:
+                return {"sigma": numpyro.sample("sigma", dist.HalfNormal(jnp.ones(self.num_outputs)).to_event(1))}
             return {"sigma": numpyro.sample("sigma", dist.HalfNormal(1.0))}
         return {}
 
@@ -175,6 +194,18 @@ class SupervisedModel:
     def check_targets(self, y: np.ndarray) -> np.ndarray:
         """Validate targets for this likelihood and return them in the dtype the model uses."""
         n = y.shape[0]
+        if y.ndim == 2:
+            if self.num_outputs is not None and y.shape[1] != self.num_outputs:
+                raise DataError(
+                    f"y has {y.shape[1]} target columns but {type(self).__name__}.num_outputs={self.num_outputs}; "
+                    "they must agree (leave num_outputs=None to read it from the targets)"
+                )
+            return y.astype(float)
+        if self.num_outputs is not None and self.num_outputs > 1:
+            raise DataError(
+                f"{type(self).__name__}.num_outputs={self.num_outputs} needs targets of shape (N, {self.num_outputs}), "
+                f"got 1-D targets of shape {y.shape}"
+            )
         if self.likelihood in REGRESSION_LIKELIHOODS:
             return y.astype(float)
         if not np.all(np.equal(np.mod(y, 1), 0)):

@@ -29,7 +29,9 @@ class BNN(SupervisedModel):
     one unit for ``gaussian`` (the mean) and ``bernoulli`` (the logit), C units for
     ``categorical`` (logits; C read from the labels by ``ppl.fit`` unless ``num_classes`` is given),
     two for ``heteroscedastic`` (the mean and the log-variance of a Gaussian: noise that depends on
-    the input).
+    the input). Gaussian regression on targets of shape (N, K) has K output units and a noise scale
+    per output (``sigma`` of shape (K,) when learned); K is read from the targets unless
+    ``num_outputs`` is given.
 
     Args:
         hidden: widths of the hidden layers; ``()`` gives a generalised linear model.
@@ -37,7 +39,9 @@ class BNN(SupervisedModel):
         likelihood: ``gaussian``, ``bernoulli``, ``categorical`` or ``heteroscedastic``.
         prior_scale: scale of the isotropic N(0, s²) prior used when ``prior`` is None.
         prior: a ``ppl.models.priors`` object (per-layer, fan-in scaled, scale mixture).
-        noise_scale: fixed Gaussian noise σ, or None to learn it.
+        noise_scale: fixed Gaussian noise σ (with K outputs: one number for all, or a tuple of K),
+            or None to learn it.
+        num_outputs: K for multi-output Gaussian regression; None reads it from the targets.
 
     >>> from ppl.models import BNN
     >>> model = BNN(hidden=(32,), activation="tanh", likelihood="bernoulli")
@@ -50,6 +54,7 @@ class BNN(SupervisedModel):
     prior: Prior | None = None
     noise_scale: float | None = None
     num_classes: int | None = None
+    num_outputs: int | None = None
 
     def __post_init__(self):
         hidden = (self.hidden,) if isinstance(self.hidden, (int, np.integer)) else self.hidden
@@ -65,13 +70,34 @@ class BNN(SupervisedModel):
         check_choice("BNN.activation", self.activation, tuple(ACTIVATIONS))
         check_choice("BNN.likelihood", self.likelihood, LIKELIHOODS)
         check_scale("BNN.prior_scale", self.prior_scale)
-        check_scale("BNN.noise_scale", self.noise_scale, allow_none=True)
+        if isinstance(self.noise_scale, (tuple, list)):
+            if not self.noise_scale:
+                raise ValueError("BNN.noise_scale is an empty tuple; give one positive number per output, or one for all")
+            for k, value in enumerate(self.noise_scale):
+                check_scale(f"BNN.noise_scale[{k}]", value)
+            scales = tuple(float(v) for v in self.noise_scale)
+            object.__setattr__(self, "noise_scale", scales[0] if len(scales) == 1 else scales)
+        else:
+            check_scale("BNN.noise_scale", self.noise_scale, allow_none=True)
         if self.noise_scale is not None and self.likelihood != "gaussian":
             raise ValueError(f"BNN.noise_scale applies only to likelihood='gaussian', not {self.likelihood!r}")
         if self.prior is not None and not isinstance(self.prior, Prior):
             raise ValueError(
                 f"BNN.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, "
                 f"ScaleMixture), got {type(self.prior).__name__}"
+            )
+        if self.num_outputs is not None:
+            if isinstance(self.num_outputs, (bool, np.bool_)) or not isinstance(self.num_outputs, (int, np.integer)) or self.num_outputs < 1:
+                raise ValueError(f"BNN.num_outputs must be a positive integer or None, got {self.num_outputs!r}")
+            if self.likelihood != "gaussian":
+                raise ValueError(
+                    f"BNN.num_outputs applies only to likelihood='gaussian' (multi-output regression), not {self.likelihood!r}"
+                )
+            object.__setattr__(self, "num_outputs", int(self.num_outputs))
+        if isinstance(self.noise_scale, tuple) and len(self.noise_scale) != (self.num_outputs or 1):
+            raise ValueError(
+                f"BNN.noise_scale has {len(self.noise_scale)} values but the model has {self.num_outputs or 1} output(s); "
+                "give one per output (set num_outputs=K) or a single number for all"
             )
         if self.num_classes is not None:
             if self.likelihood != "categorical":
@@ -80,6 +106,8 @@ class BNN(SupervisedModel):
                 raise ValueError(f"BNN.num_classes must be at least 2, got {self.num_classes}")
 
     def bind(self, X, y):
+        if self.likelihood == "gaussian" and self.num_outputs is None and y is not None and np.ndim(y) == 2:
+            return dataclasses.replace(self, num_outputs=int(np.shape(y)[1]))
         if self.likelihood == "categorical" and self.num_classes is None and y is not None:
             classes = max(int(np.max(y)) + 1, 2)
             if classes > MAX_INFERRED_CLASSES:

@@ -12,7 +12,7 @@ __all__ = ["Split", "validate_supervised", "validate_unsupervised", "validate_in
 
 
 class Split(NamedTuple):
-    """One split of a supervised dataset: inputs ``X`` (N, D) and targets ``y`` (N,)."""
+    """One split of a supervised dataset: inputs ``X`` (N, D) and targets ``y`` (N,) or (N, K)."""
 
     X: np.ndarray
     y: np.ndarray
@@ -59,14 +59,31 @@ def validate_supervised(model, data, *, where: str = "data"):
             f"{where} y has shape {y.shape}; targets must be 1-D (N,) — pass y.ravel() (a (N, 1) column "
             "would silently broadcast against (N,) predictions)"
         )
-    if y.ndim != 1:
-        raise DataError(f"{where} y must be 1-D with shape (N,), got shape {y.shape}")
+    if y.ndim == 2 and y.shape[1] >= 2 and not _multi_output_capable(model):
+        raise DataError(
+            f"{where} y has shape {y.shape}: {y.shape[1]} targets per input, which {type(model).__name__} with "
+            f"likelihood={getattr(model, 'likelihood', None)!r} cannot model — multi-output regression is "
+            "BNN(likelihood='gaussian') (hidden=() for a linear model); otherwise pass 1-D targets (N,)"
+        )
+    if y.ndim not in (1, 2):
+        raise DataError(f"{where} y must be 1-D with shape (N,) (or (N, K) for multi-output regression), got shape {y.shape}")
     if y.shape[0] != X.shape[0]:
         raise DataError(
             f"{where}: X has {X.shape[0]} rows but y has {y.shape[0]}; they must describe the same data points"
         )
     check_finite(f"{where} y", y)
     return X, model.check_targets(y)
+
+
+def _multi_output_capable(model) -> bool:
+    """Whether ``model`` takes K ≥ 2 real targets per input (a ``num_outputs`` field, Gaussian likelihood)."""
+    import dataclasses
+
+    return (
+        dataclasses.is_dataclass(model)
+        and "num_outputs" in {f.name for f in dataclasses.fields(model)}
+        and getattr(model, "likelihood", None) == "gaussian"
+    )
 
 
 def _as_inputs(X, name: str) -> np.ndarray:

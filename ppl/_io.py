@@ -827,7 +827,8 @@ def _declared_num_params(model, X) -> int:
     widths is refused without allocating anything.
     """
     total = sum(layer.fan_in * layer.fan_out + (layer.fan_out if layer.bias else 0) for layer in model.layers(X.shape[-1]))
-    return total + (1 if model.likelihood == "gaussian" and model.noise_scale is None else 0)
+    noise = (model.num_outputs if model.multi_output else 1) if model.likelihood == "gaussian" and model.noise_scale is None else 0
+    return total + noise
 
 
 def _load_from(snapshot: _Snapshot, model, trust: bool):

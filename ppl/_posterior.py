@@ -458,8 +458,10 @@ class Posterior:
             _check_prediction_size(int(draws), X.shape[0], max(outputs, 2 if task == "classification" else 1))
         flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
         if mode == "mc":
+            # A heteroscedastic model's noise has a row axis (one σ per input); other noise has none.
+            noise_axis = 1 if self.problem.likelihood == "heteroscedastic" else None
             f, noise = _by_rows(
-                lambda rows: _outputs_many(self.problem, flat, rows), X, flat.shape[0] * outputs, axes=(1, None)
+                lambda rows: _outputs_many(self.problem, flat, rows), X, flat.shape[0] * outputs, axes=(1, noise_axis)
             )
             if task == "regression":
                 return _regression(np.asarray(f), np.asarray(noise))
@@ -482,17 +484,20 @@ class Posterior:
         if task == "classification":
             logits = f[..., 0] if self.problem.likelihood == "bernoulli" else f
             return _classification(np.asarray(_class_probs(self.problem.likelihood, logits)))
+        # The mean outputs: all K of a multi-output model, else the first (the second of a
+        # heteroscedastic model is log σ²).
+        means = (lambda a: a) if self.problem.model.multi_output else (lambda a: a[..., 0])
         if self.problem.likelihood == "heteroscedastic":
-            # the second output is log σ²: each draw carries its own noise, and E[σ²] = e^(m + v/2)
+            # each draw carries its own noise, and E[σ²] = e^(m + v/2)
             prediction = _regression(f[..., 0], np.exp(0.5 * f[..., 1]))
             aleatoric = sum(w * np.exp(m[:, 1] + 0.5 * c[:, 1, 1]) for w, m, c in moments)
         else:
             noise = np.asarray(_outputs_many(self.problem, flat, X[:1])[1])  # σ per draw (compiled once)
-            prediction = _regression(f[..., 0], noise)
+            prediction = _regression(means(f), noise)
             aleatoric = prediction.aleatoric_variance
         # The linearised predictive's moments are known exactly; report them, not their MC estimates.
-        mean = sum(w * m[:, 0] for w, m, _ in moments)
-        second = sum(w * (c[:, 0, 0] + np.square(m[:, 0])) for w, m, c in moments)
+        mean = sum(w * means(m) for w, m, _ in moments)
+        second = sum(w * (means(np.diagonal(c, axis1=1, axis2=2)) + np.square(means(m))) for w, m, c in moments)
         epistemic = np.maximum(second - np.square(mean), 0.0)
         return dataclasses.replace(
             prediction, mean=mean, epistemic_variance=epistemic, aleatoric_variance=aleatoric,
@@ -553,18 +558,16 @@ def _classification(member_probs: np.ndarray) -> Prediction:
 
 
 def _regression(means: np.ndarray, noise: np.ndarray) -> Prediction:
-    """Summaries of S draws of means (S, N) with noise sds: one per draw (S,) or per draw and input (S, N)."""
+    """Summaries of S draws of means (S, N) or (S, N, K) with noise sds per draw: (S,), per draw and
+    input (S, N) (heteroscedastic), or per draw and output (S, K) (multi-output)."""
     means, noise = means.astype(np.float64), noise.astype(np.float64)
+    prediction = Prediction(task="regression", member_means=means, member_noise=noise)
+    aleatoric = np.broadcast_to(np.mean(np.square(prediction.noise_per_draw()), axis=0), means.shape[1:]).copy()
     epistemic = means.var(axis=0)
-    per_input = noise.reshape(noise.shape[0], -1) if noise.ndim else noise.reshape(1, 1)
-    aleatoric = np.broadcast_to(np.mean(np.square(per_input), axis=0), (means.shape[1],)).copy()
-    return Prediction(
-        task="regression",
+    return dataclasses.replace(
+        prediction,
         mean=means.mean(axis=0),
         variance=epistemic + aleatoric,
         epistemic_variance=epistemic,
         aleatoric_variance=aleatoric,
-        member_means=means,
-        member_noise=(np.broadcast_to(noise, means.shape) if noise.ndim == 2 else np.broadcast_to(noise, (means.shape[0],))).copy(),
     )
-

@@ -22,8 +22,10 @@ class Prediction:
     per-draw probabilities: there ``member_probs``, ``aleatoric`` and ``epistemic`` are None.
     Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``;
     ``member_means`` (S, N) and ``member_noise``, the noise sd per draw (S,) or, for a
-    heteroscedastic model, per draw and input (S, N).
-    ``log_prob(y)`` gives the pointwise posterior-predictive log density (N,).
+    heteroscedastic model, per draw and input (S, N). Multi-output regression (K targets per input)
+    adds a trailing axis K to each of these, and ``member_noise`` is (S, K).
+    ``log_prob(y)`` gives the pointwise posterior-predictive log density (N,) (with K outputs, the
+    joint density of the K targets of each input).
     """
 
     task: str  # "classification" or "regression"
@@ -40,10 +42,14 @@ class Prediction:
     member_noise: np.ndarray | None = None
 
     def noise_per_draw(self) -> np.ndarray:
-        """``member_noise`` as (S, N): it is stored per draw (S,), or per draw and input for a
-        heteroscedastic model (S, N)."""
-        noise = np.asarray(self.member_noise)
-        return noise if noise.ndim == 2 else noise[:, None]
+        """``member_noise`` shaped to broadcast against ``member_means``: (S, 1) or (S, N) for one
+        output, (S, 1, K) for K outputs."""
+        noise, means = np.asarray(self.member_noise), np.asarray(self.member_means)
+        if noise.ndim == means.ndim:
+            return noise
+        if means.ndim == 3:
+            return noise[:, None, :]
+        return noise[:, None]
 
     def log_prob(self, y) -> np.ndarray:
         """log p(y_i | x_i, D) per point: log of the mean predictive probability/density."""
@@ -53,11 +59,14 @@ class Prediction:
             if labels.shape[0] != self.probs.shape[0]:
                 raise ValueError(f"y has {labels.shape[0]} entries but the prediction covers {self.probs.shape[0]} inputs")
             return np.log(np.clip(self.probs[np.arange(labels.shape[0]), labels], 1e-300, None))
-        if y.shape[0] != self.mean.shape[0]:
-            raise ValueError(f"y has {y.shape[0]} entries but the prediction covers {self.mean.shape[0]} inputs")
-        # Mixture over draws of N(y; f_s, σ_s²): exact for the Monte Carlo predictive.
+        if y.shape != self.mean.shape:
+            raise ValueError(f"y has shape {y.shape} but the prediction's mean has shape {self.mean.shape}")
+        # Mixture over draws of N(y; f_s, σ_s²): exact for the Monte Carlo predictive. With K outputs
+        # the K targets of an input are independent given a draw, so their log densities add.
         mu, sd = self.member_means, self.noise_per_draw()
-        log_dens = -0.5 * np.square((y[None, :] - mu) / sd) - np.log(sd) - 0.5 * math.log(2 * math.pi)
+        log_dens = -0.5 * np.square((y[None] - mu) / sd) - np.log(sd) - 0.5 * math.log(2 * math.pi)
+        if log_dens.ndim == 3:
+            log_dens = log_dens.sum(axis=-1)
         peak = log_dens.max(axis=0)
         return peak + np.log(np.mean(np.exp(log_dens - peak), axis=0))
 
