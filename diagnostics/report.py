@@ -31,7 +31,9 @@ def compute_diagnostics(posterior) -> Diagnostics:
     )
     notes, warnings = record.notes, record.warnings
     total_draws = posterior.num_chains * posterior.num_draws
-    is_sampler = posterior.approximation is None
+    # What the draws are is declared by the method (Posterior.kind), never guessed from their layout:
+    # an ensemble's members sit on the chain axis but are not Markov chains.
+    is_sampler = posterior.kind == "chains"
 
     failed: list[str] = []  # the checks that set ok = False (each also has a warning)
 
@@ -114,6 +116,8 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 f"chain(s) {', '.join(map(str, stuck))} never moved in some parameters (constant draws): the sampler "
                 "is stuck — check the initial values and the step size (divergences), or reparameterise"
             )
+    elif posterior.kind == "members":
+        _member_notes(posterior, notes)
     else:
         why = (
             "a point estimate has no spread to diagnose"
@@ -213,7 +217,9 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 "posterior's tails — do not trust its uncertainty; try a richer guide or NUTS"
             )
     else:
-        reason = "samplers have no density q(θ)" if is_sampler else "a point estimate has no density"
+        reason = {
+            "chains": "samplers have no density q(θ)", "members": "an ensemble of optima has no density q(θ)",
+        }.get(posterior.kind, "a point estimate has no density")
         if posterior.problem is not None and posterior.problem.local_sites:
             reason = "the model has local latents: see ppl.diagnostics.vae_report for per-datum k-hat"
         notes["khat"] = notes["khat_threshold"] = reason
@@ -284,6 +290,23 @@ def compute_diagnostics(posterior) -> Diagnostics:
 
     record.ok = not failed
     return record
+
+
+def _member_notes(posterior, notes: dict) -> None:
+    """An ensemble: members are separate optima, so chain diagnostics do not apply; their
+    disagreement is reported as what it is, the spread between modes."""
+    why = (
+        "ensemble members are separate optima (one per chain slot), not Markov chains: R-hat and ESS do not apply"
+    )
+    for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
+        notes[field] = why
+    functions = posterior.function_draws()
+    if functions is not None and posterior.num_chains >= 2:
+        spread = float(np.mean(np.std(np.asarray(functions, dtype=float)[:, 0], axis=0)))
+        notes["rhat_function_max"] += (
+            f"; the members' network outputs on the probe inputs differ by sd {spread:.3g} on average — "
+            "between-mode disagreement, the ensemble's epistemic spread, not a failure"
+        )
 
 
 def ebfmi(energy: np.ndarray) -> np.ndarray:

@@ -407,7 +407,7 @@ VSBC_UNAVAILABLE = {
 
 def _posterior_kind(post, method: str, num_ranks: int) -> str:
     """``"sampler"`` (stored draws only), ``"density"`` (a q to draw from) or ``"point"``."""
-    if post.approximation is None:
+    if not post.has_density and post.kind in ("chains", "members"):
         stored = post.num_chains * post.num_draws
         if stored < num_ranks:
             raise OptionError(

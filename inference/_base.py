@@ -37,11 +37,18 @@ class Method:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    # What the result's draws are (one of ppl._results.POSTERIOR_KINDS); the diagnostics read it.
+    kind: ClassVar[str] = ""
     # Whether the method serves models with local latents (a VAE's per-datum z) as a whole.
     supports_local: ClassVar[bool] = False
 
     def __post_init__(self):
         check_option_types(self)
+
+    def posterior_kind(self) -> str:
+        """The kind of posterior this configuration produces (a method whose options change it,
+        such as svi with a point-mass guide, overrides this)."""
+        return self.kind
 
     def stored_draws(self) -> int:
         """How many draws of the flat parameter vector the result will hold (for the memory check)."""

@@ -226,6 +226,7 @@ class Exact(Method):
     """Closed-form Gaussian posterior and log evidence of conjugate linear regression."""
 
     name = "exact"
+    kind = "independent"
     description = "closed-form posterior and log evidence of conjugate LinearRegression (known noise)"
 
     num_draws: int = 1000
@@ -262,6 +263,7 @@ class Exact(Method):
         flat = draw(family, key, self.num_draws)
         return Posterior(
             method=self.name,
+            kind=self.kind,
             problem=problem,
             flat_draws=flat[None],
             # closed_form: q is the posterior itself, so constant log p − log q means a perfect fit.

@@ -78,6 +78,7 @@ class Laplace(Method):
     """
 
     name = "laplace"
+    kind = "independent"
     description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, last layer or a mask"
 
     subset: Any = "auto"
@@ -284,7 +285,9 @@ class Laplace(Method):
         if log_evidence is not None:
             info["log_evidence"] = log_evidence
         flat = draw(family, draw_key, self.num_draws)
-        return Posterior(method=self.name, problem=target, flat_draws=flat[None], info=info, approximation=family)
+        return Posterior(
+            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], info=info, approximation=family
+        )
 
     def _map(self, key, problem) -> tuple:
         """The mode and a record of how it was found (from ``init`` or a fresh optimisation)."""

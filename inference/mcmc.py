@@ -157,6 +157,7 @@ def _chunk_capacity(num_params: int, itemsize: int) -> int:
 
 @dataclass(frozen=True)
 class _MCMC(Method):
+    kind = "chains"
     num_warmup: int = 500
     num_samples: int = 1000
     num_chains: int = 4
@@ -436,7 +437,7 @@ class _MCMC(Method):
         else:
             info["leapfrog_cap_hits"] = int((stats["num_steps"] >= MAX_LEAPFROG_STEPS).sum())
             info["max_leapfrog_steps"] = MAX_LEAPFROG_STEPS
-        return Posterior(method=self.name, problem=problem, flat_draws=stats["z"], info=info)
+        return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=stats["z"], info=info)
 
 
 def _concat(parts: list):

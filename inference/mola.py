@@ -37,6 +37,7 @@ class MoLA(Method):
     """
 
     name = "mola"
+    kind = "mixture"
     description = "mixture of last-layer Laplace approximations around M MAP networks trained as one program"
 
     num_members: int = 5
@@ -103,4 +104,6 @@ class MoLA(Method):
         if failed:
             info["convergence"] = "; ".join(failed)
         flat = draw(mixture, draw_key, self.num_draws)
-        return Posterior(method=self.name, problem=target, flat_draws=flat[None], info=info, approximation=mixture)
+        return Posterior(
+            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], info=info, approximation=mixture
+        )

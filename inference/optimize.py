@@ -78,17 +78,17 @@ class NegativeLogDensity:
         return -problem.logdensity_fn(params, batch)
 
 
-@partial(jax.jit, static_argnames=("config",))
-def _init_state(config, params, learning_rate):
-    return config.build(learning_rate).init(params)
+@partial(jax.jit, static_argnames=("config", "members"))
+def _init_state(config, params, learning_rate, members: bool = False):
+    init = config.build(learning_rate).init
+    return jax.vmap(init)(params) if members else init(params)
 
 
 def _select(flag, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
-@partial(jax.jit, static_argnames=("objective", "config", "capacity"))
-def _run_chunk(objective, config, capacity, problem, params, opt_state, key, start, num_active, learning_rate):
+def _chunk(objective, config, capacity, problem, params, opt_state, key, start, num_active, learning_rate):
     """Steps ``start .. start + num_active − 1`` (at most ``capacity``; the rest are skipped).
 
     One compiled program serves every chunk length, so chunks are sized to wall time. Step ``t``
@@ -131,6 +131,19 @@ def _run_chunk(objective, config, capacity, problem, params, opt_state, key, sta
 
     (params, opt_state), losses = jax.lax.scan(maybe_step, (params, opt_state), jnp.arange(capacity))
     return params, opt_state, losses
+
+
+_run_chunk = partial(jax.jit, static_argnames=("objective", "config", "capacity"))(_chunk)
+
+
+@partial(jax.jit, static_argnames=("objective", "config", "capacity"))
+def _run_members_chunk(objective, config, capacity, problem, params, opt_state, keys, start, num_active, learning_rate):
+    """:func:`_chunk` for M members at once, vmapped over (params, optimiser state, key): one
+    compiled program whose matrix products carry the members as a batch axis."""
+    def one(p, s, k):
+        return _chunk(objective, config, capacity, problem, p, s, k, start, num_active, learning_rate)
+
+    return jax.vmap(one)(params, opt_state, keys)
 
 
 @partial(jax.jit, static_argnames=("objective",))
@@ -186,6 +199,12 @@ def stationarity(objective, problem, params, key, loss_scale: float = 1.0) -> tu
     return float(np.max(t)), threshold
 
 
+def _finite_rows(params) -> np.ndarray:
+    """Per member (the leading axis), whether all its parameters are finite."""
+    leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(params)]
+    return np.all([np.all(np.isfinite(x.reshape(x.shape[0], -1)), axis=1) for x in leaves], axis=0)
+
+
 def _nonfinite_sites(params, problem) -> list[str]:
     names = []
     leaves = jax.tree_util.tree_leaves_with_path(params)
@@ -221,8 +240,13 @@ def minimize(
     label: str,
     session: Session | None = None,
     build=None,
+    members: int | None = None,
 ) -> Minimized:
     """Minimise ``objective(params, problem, key, batch)`` in chunks of steps.
+
+    With ``members=M``, ``params`` and ``key`` carry a leading axis of M independent runs (an
+    ensemble), trained together as one vmapped compiled program; ``losses`` are then (M, steps),
+    and a non-finite loss names the member.
 
     Between chunks the host checks for non-finite losses/parameters (stopping at the first bad chunk,
     with the last finite parameters kept on the :class:`ppl.NonFiniteError` and, when ``build`` is
@@ -233,16 +257,18 @@ def minimize(
     session = session or Session()
     capacity = max(1, min(CHUNK_CAPACITY, config.steps))
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
-    opt_state = _init_state(config, params, learning_rate)
+    opt_state = _init_state(config, params, learning_rate, members=members is not None)
+    run_chunk = _run_chunk if members is None else _run_members_chunk
+    lead = () if members is None else (int(members),)
     history: list = []
     step = 0
     resume = session.resume_state("optimize")
     if resume is not None:
         step = int(resume.progress.get("steps_done", -1))
         losses = np.asarray(resume.arrays.get("losses", np.zeros(0)))
-        if not 0 <= step <= config.steps or losses.shape != (step,):
+        if not 0 <= step <= config.steps or losses.shape != (*lead, step):
             raise ResumeError(
-                f"the checkpoint's progress ({step} steps, {losses.shape[0]} losses) does not fit a run of "
+                f"the checkpoint's progress ({step} steps, losses of shape {losses.shape}) does not fit a run of "
                 f"{config.steps} steps; start afresh without resume"
             )
         params, opt_state = restore_tree((params, opt_state), resume.leaves, "optimiser state")
@@ -250,8 +276,11 @@ def minimize(
         history.append(losses)
     session.start_count(step)
 
+    def joined():
+        return np.concatenate(history, axis=-1) if history else np.zeros((*lead, 0))
+
     def state_now(params, opt_state, step):
-        losses = np.concatenate(history) if history else np.zeros(0)
+        losses = joined()
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
         return ResumeState("optimize", {"steps_done": int(step)}, leaves, {"losses": losses})
 
@@ -268,19 +297,26 @@ def minimize(
         while step < config.steps and not _interrupt.requested():
             count = min(pace.next_chunk(), config.steps - step)
             started = time.perf_counter()
-            new_params, new_state, losses = _run_chunk(
+            new_params, new_state, losses = run_chunk(
                 objective, config, capacity, problem, params, opt_state, key, jnp.asarray(step),
                 jnp.asarray(count), learning_rate,
             )
-            losses = np.asarray(losses)[:count]
+            losses = np.asarray(losses)[..., :count]
             pace.record(count, time.perf_counter() - started)
             finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
             if not np.all(np.isfinite(losses)) or not finite_params:
-                bad = np.flatnonzero(~np.isfinite(losses))
-                first = step + int(bad[0]) if bad.size else step + len(losses) - 1
-                where = _nonfinite_sites(new_params, problem)
+                bad_steps = ~np.isfinite(losses)
+                member, culprit = "", new_params
+                if members is not None:
+                    rows = np.flatnonzero(bad_steps.any(axis=1) | ~_finite_rows(new_params))
+                    row = int(rows[0]) if rows.size else 0
+                    member, culprit = f" in member {row}", jax.tree_util.tree_map(lambda x: x[row], new_params)
+                    bad_steps = bad_steps[row]
+                bad = np.flatnonzero(bad_steps)
+                first = step + int(bad[0]) if bad.size else step + count - 1
+                where = _nonfinite_sites(culprit, problem)
                 error = NonFiniteError(
-                    f"{label}: the loss or the parameters became non-finite at step {first} "
+                    f"{label}: the loss or the parameters became non-finite{member} at step {first} "
                     f"(non-finite: {', '.join(where) or 'the loss only'}); the last finite parameters "
                     f"(before step {step}) are kept on this error as .last_finite_params"
                     + (" and as a partial result in .partial" if build is not None and step > 0 else "")
@@ -294,10 +330,10 @@ def minimize(
                 raise error
             params, opt_state = new_params, new_state
             history.append(losses)
-            step += len(losses)
-            _progress.advance(len(losses))
+            step += count
+            _progress.advance(count)
             session.maybe_checkpoint(step, lambda: partial_now(params, opt_state, step))
-    losses = np.concatenate(history) if history else np.zeros(0)
+    losses = joined()
     if step == 0:
         raise Interrupted(f"{label}: interrupted before the first step finished", state_now(params, opt_state, 0))
     return Minimized(params, losses, state_now(params, opt_state, step) if step < config.steps else None)
@@ -400,6 +436,7 @@ class MAP(Method):
     """
 
     name = "map"
+    kind = "point"
     description = "maximum a posteriori point estimate by optax (L-BFGS full batch, Adam minibatch)"
 
     steps: int = 2000
@@ -444,7 +481,7 @@ class MAP(Method):
             )
             info = {"losses": losses, "optimizer": config.optimizer, **judged}
             return Posterior(
-                method=self.name, problem=problem, flat_draws=params[None, None], info=info,
+                method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], info=info,
                 approximation=PointMass(params),
             )
 

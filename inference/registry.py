@@ -20,6 +20,7 @@ METHODS = {
     "svi": "ppl.inference.svi:SVI",
     "laplace": "ppl.inference.laplace:Laplace",
     "mola": "ppl.inference.mola:MoLA",
+    "ensemble": "ppl.inference.ensemble:Ensemble",
 }
 
 

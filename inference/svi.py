@@ -155,6 +155,7 @@ class SVI(Method):
     """Stochastic variational inference: guides × objectives (see ``docs/methods/svi.md``)."""
 
     name = "svi"
+    kind = "independent"  # "point" when the guide is a point mass (delta)
     description = "variational inference: mean_field/low_rank/full_rank/flow/delta guides; elbo, iwae, renyi objectives"
     supports_local = True
 
@@ -342,7 +343,10 @@ class SVI(Method):
             if self.kl_warmup:
                 info["kl_warmup"] = int(self.kl_warmup)
             info["guide"] = self.global_guide_name(problem)
-            posterior = Posterior(method=self.name, problem=problem, flat_draws=flat[None], info=info, approximation=family)
+            posterior = Posterior(
+                method=self.name, kind=self.kind if family.has_density else "point", problem=problem,
+                flat_draws=flat[None], info=info, approximation=family,
+            )
             if problem.local_sites:
                 posterior.local_guide = (guide, params["local"])
                 posterior.info.update(_local_bounds(posterior, check_key))

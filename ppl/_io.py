@@ -45,6 +45,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ppl._errors import DataError, RunError
+from ppl._results import POSTERIOR_KINDS
 
 __all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "run_lock", "fingerprint"]
 
@@ -367,6 +368,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
             arrays[f"approximation/{key}"] = np.asarray(value)
     meta.update({
         "method": posterior.method,
+        "kind": posterior.kind,
         "options": posterior.options,
         "seed": posterior.seed,
         "wall_time_s": posterior.wall_time_s,
@@ -731,6 +733,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if schema.get(meta, "tempering", str, "a tempering mode") not in ("likelihood", "cold"):
             raise schema.fail("tempering", "'likelihood' or 'cold'", meta["tempering"])
         schema.get(meta, "approximation", str, "a family kind", optional=True)
+        if schema.get(meta, "kind", str, "a posterior kind", optional=True) not in (None, *POSTERIOR_KINDS):
+            raise schema.fail("kind", f"one of {', '.join(POSTERIOR_KINDS)}", meta["kind"])
         sites = schema.get(meta, "sites", list, "a list of sites")
         for site in sites:
             if not (
@@ -831,6 +835,19 @@ def _declared_num_params(model, X) -> int:
     return total + noise
 
 
+def _kind(meta: dict) -> str:
+    """The saved posterior kind. Runs saved before kinds were recorded are read by their
+    approximation: none means Markov chains, a point mass a point, a mixture a mixture."""
+    if meta.get("kind") is not None:
+        return meta["kind"]
+    family = meta["approximation"]
+    if family is None:
+        return "chains"
+    if family == "point":
+        return "point"
+    return "mixture" if family.startswith("mixture:") else "independent"
+
+
 def _load_from(snapshot: _Snapshot, model, trust: bool):
     from ppl._posterior import Posterior
     from ppl._problem import compile_problem
@@ -877,11 +894,11 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             for name, shape, _ in sites:
                 draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
             return Posterior.detached(
-                method=meta["method"], draws=draws, info=_info(meta, arrays), options=meta["options"],
+                method=meta["method"], kind=_kind(meta), draws=draws, info=_info(meta, arrays), options=meta["options"],
                 seed=meta["seed"], wall_time_s=meta["wall_time_s"],
                 diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
-                sampler=meta["approximation"] is None,
+                sampler=_kind(meta) in ("chains", "members"),
             ), resume, meta
         if not callable(model):
             raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
@@ -906,7 +923,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         except (ValueError, TypeError, KeyError) as error:
             raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
     posterior = Posterior(
-        method=meta["method"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
+        method=meta["method"], kind=_kind(meta), problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
         info=_info(meta, arrays), options=meta["options"], seed=meta["seed"], approximation=family,
         wall_time_s=meta["wall_time_s"],
     )

@@ -13,7 +13,7 @@ from functools import partial
 
 from ppl._data import validate_inputs
 from ppl._errors import OptionError
-from ppl._results import Prediction
+from ppl._results import POSTERIOR_KINDS, Prediction
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = ["Posterior", "as_key", "PREDICT_MODES"]
@@ -186,6 +186,9 @@ class Posterior:
 
     Attributes:
         method: registry name of the method that produced it.
+        kind: what the draws are, as the method declares it: ``"chains"`` (Markov chains),
+            ``"independent"`` (draws from a fitted density), ``"point"``, ``"members"`` (an
+            ensemble's separate optima, one per chain slot) or ``"mixture"``; the diagnostics read it.
         num_chains, num_draws: layout of ``draws``.
         draws: dict site -> array (chain, draw, *site_shape), constrained space.
         info: method-specific record (losses, divergences, step sizes, log evidence, ...).
@@ -198,6 +201,7 @@ class Posterior:
         self,
         *,
         method: str,
+        kind: str,
         problem,
         flat_draws,
         info: dict | None = None,
@@ -211,7 +215,10 @@ class Posterior:
             raise ValueError(
                 f"flat_draws must have shape (chain, draw, {problem.num_params}), got {flat_draws.shape}"
             )
+        if kind not in POSTERIOR_KINDS:
+            raise ValueError(f"kind={kind!r} is not one of {POSTERIOR_KINDS}")
         self.method = method
+        self.kind = kind
         self.problem = problem
         self.flat_draws = flat_draws
         self.num_chains, self.num_draws = int(flat_draws.shape[0]), int(flat_draws.shape[1])
@@ -235,7 +242,7 @@ class Posterior:
         self._cache: dict = {}
 
     @classmethod
-    def detached(cls, *, method, draws, info, options, seed, wall_time_s, diagnostics, program, folder, sampler):
+    def detached(cls, *, method, kind, draws, info, options, seed, wall_time_s, diagnostics, program, folder, sampler):
         """A loaded run of a plain NumPyro program whose program was not passed back.
 
         It holds the constrained draws, the saved diagnostics and the metadata. Everything that
@@ -244,6 +251,7 @@ class Posterior:
         """
         self = cls.__new__(cls)
         self.method, self.problem, self.flat_draws, self.approximation = method, None, None, None
+        self.kind = kind
         self.draws = {k: np.asarray(v) for k, v in draws.items()}
         first = next(iter(self.draws.values()))
         self.num_chains, self.num_draws = int(first.shape[0]), int(first.shape[1])

@@ -7,7 +7,16 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-__all__ = ["Prediction", "Diagnostics", "THRESHOLDS"]
+__all__ = ["Prediction", "Diagnostics", "THRESHOLDS", "POSTERIOR_KINDS"]
+
+# What a posterior's draws are, as its method declares it; the diagnostics read it.
+#   chains       Markov chains (R-hat and ESS across and within them)
+#   independent  independent draws from a fitted density q (PSIS k-hat against the target)
+#   point        one point (nothing to diagnose about spread)
+#   members      an ensemble: independent optima on the chain axis, one draw each (their
+#                disagreement is spread between modes, never a sampler failure)
+#   mixture      independent draws from a mixture of fitted densities (k-hat as for independent)
+POSTERIOR_KINDS = ("chains", "independent", "point", "members", "mixture")
 
 THRESHOLDS = {"rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3}
 

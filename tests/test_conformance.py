@@ -83,7 +83,9 @@ def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, lin
     mean = draws.mean(axis=(0, 1))
     if post.num_chains * post.num_draws == 1:
         mcse = np.zeros_like(mean)  # a point estimate: the Gaussian posterior's mode is its mean
-    elif post.approximation is None:
+    elif post.kind == "members":
+        mcse = np.zeros_like(mean)  # separate optima of a unimodal posterior: each is its mode
+    elif post.kind == "chains":
         mcse = draws.std(axis=(0, 1)) / np.sqrt(_arviz.ess(draws, "bulk"))
     else:
         mcse = draws.std(axis=(0, 1)) / np.sqrt(post.num_draws)
@@ -137,3 +139,26 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_mod
     resumed = ppl.fit(linear_model, linear_data.train, method=method, seed=0, resume=tmp_path / "partial")
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
     assert not resumed.info.get("interrupted")
+
+
+def test_declared_kind_matches_the_diagnostics(method, linear_model, linear_data):
+    """A method declares what its draws are; the diagnostics must treat them as that."""
+    from ppl._results import POSTERIOR_KINDS
+    from ppl.inference.registry import get
+
+    declared = get(method).kind
+    assert declared in POSTERIOR_KINDS, f"{method} declares no posterior kind"
+    post = _fit(method, linear_model, linear_data.train, 0)
+    assert post.kind == declared
+    diag = post.diagnostics()
+    if declared == "chains":
+        assert diag.ess_bulk_min is not None and (diag.rhat_max is not None or post.num_chains < 2)
+        assert diag.khat is None and "samplers" in diag.notes["khat"]
+    elif declared in ("independent", "mixture"):
+        assert post.has_density and diag.khat is not None
+        assert diag.rhat_max is None and "independent samples" in diag.notes["rhat_max"]
+    elif declared == "point":
+        assert not post.has_density and diag.khat is None and "point estimate" in diag.notes["rhat_max"]
+    else:  # members
+        assert diag.rhat_max is None and "separate optima" in diag.notes["rhat_max"]
+        assert diag.khat is None and "ensemble" in diag.notes["khat"]

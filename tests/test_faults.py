@@ -430,7 +430,7 @@ def test_constant_log_ratios_fail_ok_when_q_does_not_spread(linear_model, linear
     exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
     # The exact q relabelled as a fitted approximation: its draws spread and the ratios are constant,
     # so q equals the posterior (what a full-rank guide reaches on a Gaussian posterior).
-    post = ppl.Posterior(method="svi", problem=exact.problem, flat_draws=exact.flat_draws,
+    post = ppl.Posterior(method="svi", kind="independent", problem=exact.problem, flat_draws=exact.flat_draws,
                          approximation=exact.approximation)
     diag = post.diagnostics()
     assert diag.khat == -np.inf and diag.ok, diag.warnings
@@ -440,7 +440,7 @@ def test_constant_log_ratios_fail_ok_when_q_does_not_spread(linear_model, linear
     mean = exact.approximation.mean
     collapsed = Gaussian(mean, Diagonal(np.full(mean.shape, 1e-300)))
     flat = np.broadcast_to(np.asarray(mean), exact.flat_draws.shape)
-    post = ppl.Posterior(method="svi", problem=exact.problem, flat_draws=flat, approximation=collapsed)
+    post = ppl.Posterior(method="svi", kind="independent", problem=exact.problem, flat_draws=flat, approximation=collapsed)
     diag = post.diagnostics()
     assert diag.khat == np.inf and not diag.ok and any("degenerate" in w for w in diag.warnings)
 
@@ -530,7 +530,7 @@ def test_bad_models_and_seeds_are_refused(linear_model, linear_data):
 
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
-    return ppl.Posterior(method="nuts", problem=problem, flat_draws=flat, info=info)
+    return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
 
 
 def test_nan_draws_are_not_assessed_and_never_ok(linear_model, linear_data):

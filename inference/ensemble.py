@@ -1,0 +1,100 @@
+"""``ensemble``: a deep ensemble, M MAP estimates from independent initialisations.
+
+The members are trained together by :func:`ppl.inference.optimize.minimize` with its members
+axis: one vmapped compiled program, so the members' matrix products run as one batched product
+instead of M separate fits. Member m draws its initial point and its minibatches from its own key,
+``fold_in(seed, m)`` for m ≥ 1 and the seed itself for member 0, so member 0 is the ``map`` run
+with the same seed and options, and member m does not depend on how many members there are.
+
+The result's kind is ``"members"``: the members sit on the chain axis (M chains of one draw), and
+the diagnostics report their disagreement as the spread between modes, never as chains that
+failed to mix. Predictions average the members' predictive distributions (Lakshminarayanan et
+al. 2017); there is no density over weights, so k-hat, ELBO and the linearised predictives do not
+apply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppl._checkpoint import Session
+from ppl._posterior import Posterior
+from ppl.inference._base import check_positive_int
+from ppl.inference.optimize import MAP, NegativeLogJoint, _full_gradient, _moved, loss_convergence, minimize
+
+__all__ = ["Ensemble", "member_keys"]
+
+
+def member_keys(key, num_members: int) -> jax.Array:
+    """(M, 2) keys: the seed's own key for member 0, ``fold_in(key, m)`` for member m ≥ 1."""
+    return jnp.stack([key if m == 0 else jax.random.fold_in(key, m) for m in range(num_members)])
+
+
+@dataclass(frozen=True)
+class Ensemble(MAP):
+    """M MAP estimates from independent initialisations, trained as one program.
+
+    Options are those of ``map`` (the same optimiser for every member) and ``num_members``.
+    """
+
+    name: ClassVar[str] = "ensemble"
+    kind: ClassVar[str] = "members"
+    description: ClassVar[str] = (
+        "deep ensemble: M MAP estimates from independent initialisations, trained as one vmapped program"
+    )
+
+    num_members: int = 5
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive_int(self.name, "num_members", self.num_members)
+
+    def stored_draws(self) -> int:
+        return int(self.num_members)
+
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
+        self.check(problem)
+        keys = member_keys(key, self.num_members)
+        # As map does for its one run: split each member's key into its initial point and its steps.
+        split = jax.vmap(jax.random.split)(keys)
+        init_keys, run_keys = split[:, 0], split[:, 1]
+        starts = jnp.stack([problem.init_position(k, self.init) for k in init_keys])
+        config = self.config()
+        objective = NegativeLogJoint()
+        start_norms = [float(_full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(self.num_members)]
+
+        def build(params, losses):
+            judged = []
+            for m in range(self.num_members):
+                final_norm = float(_full_gradient(objective, problem, params[m], run_keys[m])[1])
+                judged.append(loss_convergence(
+                    losses[m], self.steps, moved=_moved(starts[m], params[m]), gradient=(start_norms[m], final_norm),
+                    stochastic=config.batch_size is not None,
+                ))
+            failed = [f"member {m}: {j['convergence']}" for m, j in enumerate(judged) if not j["converged"]]
+            info = {
+                "losses": losses,
+                "optimizer": config.optimizer,
+                "final_loss": np.asarray([np.nan if j["final_loss"] is None else j["final_loss"] for j in judged]),
+                "member_converged": np.asarray([j["converged"] for j in judged]),
+                "converged": not failed,
+                "convergence": "; ".join(failed) or "settled",
+                "interrupted": judged[0]["interrupted"],
+                "steps_done": judged[0]["steps_done"],
+            }
+            return Posterior(
+                method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :], info=info,
+            )
+
+        result = minimize(
+            objective, config, problem, starts, run_keys, learning_rate=self.learning_rate, label="ensemble",
+            session=session, build=build, members=self.num_members,
+        )
+        posterior = build(result.params, result.losses)
+        posterior.resume_state = result.resume_state
+        return posterior
