@@ -733,8 +733,14 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if schema.get(meta, "tempering", str, "a tempering mode") not in ("likelihood", "cold"):
             raise schema.fail("tempering", "'likelihood' or 'cold'", meta["tempering"])
         schema.get(meta, "approximation", str, "a family kind", optional=True)
-        if schema.get(meta, "kind", str, "a posterior kind", optional=True) not in (None, *POSTERIOR_KINDS):
-            raise schema.fail("kind", f"one of {', '.join(POSTERIOR_KINDS)}", meta["kind"])
+        kind = schema.get(meta, "kind", str, "a posterior kind", optional=True)
+        if kind is not None and kind not in _kinds_allowed(meta["method"], meta["approximation"]):
+            # The kind decides which checks the diagnostics make: one edited to skip them (a sampler's
+            # run relabelled "point" would skip R-hat) is refused, not believed.
+            raise schema.fail(
+                "kind", f"one of {', '.join(_kinds_allowed(meta['method'], meta['approximation']))} for this method "
+                "and approximation", kind,
+            )
         sites = schema.get(meta, "sites", list, "a list of sites")
         for site in sites:
             if not (
@@ -833,6 +839,23 @@ def _declared_num_params(model, X) -> int:
     total = sum(layer.fan_in * layer.fan_out + (layer.fan_out if layer.bias else 0) for layer in model.layers(X.shape[-1]))
     noise = (model.num_outputs if model.multi_output else 1) if model.likelihood == "gaussian" and model.noise_scale is None else 0
     return total + noise
+
+
+def _kinds_allowed(method: str, family: str | None) -> tuple:
+    """The posterior kinds a run of ``method`` with a saved approximation of kind ``family`` can
+    have: what the approximation admits, narrowed to what a registered method declares."""
+    if family is None:
+        by_family = ("chains", "members")
+    elif family == "point":
+        by_family = ("point",)
+    else:
+        by_family = ("mixture",) if family.startswith("mixture:") else ("independent",)
+    from ppl.inference.registry import METHODS, get
+
+    if method not in METHODS:
+        return by_family
+    declared = get(method).kind
+    return tuple(k for k in by_family if k == declared or k == "point")
 
 
 def _kind(meta: dict) -> str:

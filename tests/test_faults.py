@@ -97,6 +97,8 @@ def test_a_program_with_another_layout_is_refused_on_reattach(tmp_path):
         ("sites", [["w", "3", [3]]], "sites"),
         ("status", "pwned", "status"),
         ("num_draws", -1, "num_draws"),
+        ("kind", "pwned", "kind"),
+        ("kind", "chains", "kind"),  # a density run relabelled a sampler would be diagnosed as one
     ],
 )
 def test_edited_metadata_with_resealed_checksums_fails_the_schema(saved_run, field, value, match):
