@@ -1,8 +1,8 @@
 """``ensemble``: a deep ensemble, M MAP estimates from independent initialisations.
 
 The members are trained together by :func:`ppl.inference.optimize.minimize` with its members
-axis: one vmapped compiled program, so the members' matrix products run as one batched product
-instead of M separate fits. Member m draws its initial point and its minibatches from its own key,
+axis: one compiled program (vmapped for gradient steps, so the members' matrix products run as
+one batched product; one member after the other for L-BFGS). Member m draws its initial point and its minibatches from its own key,
 ``fold_in(seed, m)`` for m ≥ 1 and the seed itself for member 0, so member 0 is the ``map`` run
 with the same seed and options, and member m does not depend on how many members there are.
 
@@ -45,7 +45,7 @@ class Ensemble(MAP):
     name: ClassVar[str] = "ensemble"
     kind: ClassVar[str] = "members"
     description: ClassVar[str] = (
-        "deep ensemble: M MAP estimates from independent initialisations, trained as one vmapped program"
+        "deep ensemble: M MAP estimates from independent initialisations, trained as one compiled program"
     )
 
     num_members: int = 5

@@ -583,17 +583,15 @@ class _MarglikArrays(NamedTuple):
     free: jax.Array
 
 
-def _lbfgs_mode(problem, u, weight_mask, alpha_coord, steps: int):
-    """The mode over the coordinates where ``weight_mask`` is 1, every other coordinate held at u;
-    L-BFGS from u until the gradient vanishes or ``steps`` iterations. ``alpha_coord`` None: the
-    model's own prior; else a Gaussian prior with these per-coordinate precisions (an array, so new
-    values never recompile). Plain array code: it vmaps over members."""
+@partial(jax.jit, static_argnames=("steps",))
+def _map_with_hypers(problem, u, weight_mask, alpha_coord, steps: int):
+    """The mode over the coordinates where ``weight_mask`` is 1, every other coordinate held at u,
+    under a Gaussian prior with per-coordinate precisions ``alpha_coord`` (an array, so new values
+    never recompile); L-BFGS from u until the gradient vanishes or ``steps`` iterations."""
     prior_weight, lik_weight = problem.weights(None)
 
     def loss(v):
         full = jnp.where(weight_mask > 0, v, u)
-        if alpha_coord is None:
-            return -problem.log_joint(full)
         log_lik = problem.log_terms(full).log_likelihood
         return -(lik_weight * log_lik - 0.5 * prior_weight * jnp.sum(alpha_coord * jnp.square(full)))
 
@@ -621,16 +619,6 @@ def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
 
     init = (x, optimizer.init(x), jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype))
     return jax.lax.while_loop(cond, body, init)[0]
-
-
-_map_with_hypers = jax.jit(_lbfgs_mode, static_argnames=("steps",))
-
-
-@partial(jax.jit, static_argnames=("steps",))
-def members_mode(problem, starts, weight_mask, steps: int):
-    """Modes of the model's log joint from each row of ``starts`` (M, P): M members as one
-    vmapped compiled program."""
-    return jax.vmap(lambda u: _lbfgs_mode(problem, u, weight_mask, None, steps))(starts)
 
 
 def _maximise_evidence(problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at) -> tuple:

@@ -1,7 +1,7 @@
 """``mola``: a mixture of last-layer Laplace approximations (Eschenhagen et al. 2021).
 
-M networks are trained to M different MAPs from M prior draws, as one vmapped compiled program
-(full-batch L-BFGS on the model's log joint); around each, a last-layer Laplace approximation
+M networks are trained to M different MAPs from M prior draws by ``method="ensemble"`` (one
+compiled program, full-batch L-BFGS on the model's log joint); around each, a last-layer Laplace approximation
 is built exactly as ``method="laplace", subset="last_layer"`` builds it, and the result is the
 uniform :class:`~ppl.inference._gaussian.Mixture` of the M Gaussians. The modes explore
 different basins (what a deep ensemble gives), the Laplace components add uncertainty within
@@ -23,7 +23,8 @@ from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
-from ppl.inference.laplace import Laplace, _stationarity, _with_prior, laplace_gaussian, members_mode
+from ppl.inference.ensemble import Ensemble, member_keys
+from ppl.inference.laplace import Laplace, _stationarity, _with_prior, laplace_gaussian
 
 __all__ = ["MoLA"]
 
@@ -79,14 +80,14 @@ class MoLA(Method):
         laplace = self._laplace()
         target = problem if laplace.prior_precision is None else _with_prior(problem, laplace.prior_precision)
         start_key, curve_key, draw_key = jax.random.split(key, 3)
-        keys = [jax.random.fold_in(start_key, m) for m in range(self.num_members)]
-        starts = jnp.stack([target.init_position(k, self.init) for k in keys])
-        everything = jnp.ones(target.num_params, target.init_params.dtype)
-        modes = members_mode(target, starts, everything, self.steps)
+        members = Ensemble(num_members=self.num_members, steps=self.steps, optimizer="lbfgs", init=self.init)
+        found = members.run(start_key, target)
+        modes = found.flat_draws[:, 0]
+        keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)
         components, evidences, stationary = [], [], []
         for m in range(self.num_members):
-            judged = _stationarity(target, modes[m], keys[m], starts[m], f"member {m}'s L-BFGS")
+            judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
             stationary.append(judged)
             family, log_z = laplace_gaussian(target, modes[m], index, self.hessian, self.rank, jax.random.fold_in(curve_key, m))
             components.append(family)
@@ -99,6 +100,9 @@ class MoLA(Method):
             "member_log_evidence": np.asarray(evidences),
             "member_gradient_norm": np.asarray([j["map_gradient_norm"] for j in stationary]),
             "converged": all(j["converged"] for j in stationary),
+            # A Ctrl-C during the members' search is recorded: the diagnostics then fail the result.
+            "interrupted": bool(found.info["interrupted"]),
+            "steps_done": found.info["steps_done"],
         }
         failed = [f"member {m}: {j['convergence']}" for m, j in enumerate(stationary) if not j["converged"]]
         if failed:

@@ -138,11 +138,19 @@ _run_chunk = partial(jax.jit, static_argnames=("objective", "config", "capacity"
 
 @partial(jax.jit, static_argnames=("objective", "config", "capacity"))
 def _run_members_chunk(objective, config, capacity, problem, params, opt_state, keys, start, num_active, learning_rate):
-    """:func:`_chunk` for M members at once, vmapped over (params, optimiser state, key): one
-    compiled program whose matrix products carry the members as a batch axis."""
+    """:func:`_chunk` for M members in one compiled program, over a leading axis of (params,
+    optimiser state, key).
+
+    Gradient steps are vmapped: the members' matrix products become one batched product. L-BFGS
+    members run one after the other inside the program (``lax.map``) instead: its line search is
+    a data-dependent loop, and vmapped it would run every member until the slowest one finished,
+    at every step, with both sides of each branch evaluated (measured 2.8× slower than
+    sequential fits; one after the other, 0.95×)."""
     def one(p, s, k):
         return _chunk(objective, config, capacity, problem, p, s, k, start, num_active, learning_rate)
 
+    if config.optimizer == "lbfgs":
+        return jax.lax.map(lambda args: one(*args), (params, opt_state, keys))
     return jax.vmap(one)(params, opt_state, keys)
 
 

@@ -414,11 +414,12 @@ def test_heteroscedastic_regression_fisher_and_linearised_noise(tmp_path):
     np.testing.assert_allclose(ppl.load(tmp_path / "het").predict(X[:5], seed=1).mean, post.predict(X[:5], seed=1).mean)
 
 
-def test_ctrl_c_during_the_map_search_is_reported_not_hidden(monkeypatch, linear_model, linear_data):
+@pytest.mark.parametrize("method", ["laplace", "mola"])
+def test_ctrl_c_during_the_map_search_is_reported_not_hidden(method, monkeypatch, linear_model, linear_data):
     from test_faults import _interrupt_after
 
     _interrupt_after(monkeypatch, 2)
-    post = ppl.fit(linear_model, linear_data.train, method="laplace", seed=0, steps=2000, num_draws=100,
+    post = ppl.fit(linear_model, linear_data.train, method=method, seed=0, steps=2000, num_draws=100,
                    init="prior")
     assert post.info["interrupted"] and post.info["steps_done"] < 2000
     diag = post.diagnostics()
