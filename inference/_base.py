@@ -73,7 +73,17 @@ class Method:
         return parse_value(text, hints[key], f"{cls.name} option {key}")
 
     def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The options as a JSON-able record; an option holding a fitted Posterior (``init=``) is
+        described in words (its method, seed and size), not stored."""
+        return {f.name: _describe(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _describe(value):
+    approximation = getattr(value, "approximation", None)
+    if approximation is None or not hasattr(value, "seed"):
+        return value
+    loc = np.asarray(approximation.loc)
+    return f"{value.method} posterior (seed {value.seed}, {loc.size} parameters, mean |θ| {np.abs(loc).mean():.6g})"
 
 
 def parse_value(text: str, hint, where: str):

@@ -144,13 +144,6 @@ class Laplace(Method):
         elif not isinstance(self.init, str) or self.init not in INITS:
             raise OptionError(f"{self.name}: init must be one of {INITS} or a fitted map Posterior, got {self.init!r}")
 
-    def as_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        if isinstance(self.init, Posterior):
-            loc = np.asarray(self.init.approximation.loc)
-            out["init"] = f"map posterior (seed {self.init.seed}, {loc.size} parameters, mean |θ| {np.abs(loc).mean():.6g})"
-        return out
-
     def stored_draws(self) -> int:
         return self.num_draws
 
