@@ -21,6 +21,7 @@ METHODS = {
     "laplace": "ppl.inference.laplace:Laplace",
     "mola": "ppl.inference.mola:MoLA",
     "ensemble": "ppl.inference.ensemble:Ensemble",
+    "swag": "ppl.inference.swag:SWAG",
 }
 
 

@@ -1,0 +1,205 @@
+"""``swag``: stochastic weight averaging Gaussian (Maddox, Izmailov, Garipov, Vetrov & Wilson 2019).
+
+From a MAP estimate (found by ``map``, or given with ``init=``), SGD with momentum runs on
+minibatches at a constant or cyclic learning rate, and every ``collect_every`` steps the iterate
+θ_i is collected into running moments: the mean θ̄, the mean of squares, and the last K
+deviations θ_i − θ̄ (the columns of D). The posterior is the Gaussian
+
+    q(θ) = N(θ̄, scale · (½ Σ_diag + D Dᵀ / (2 (K − 1)))),   Σ_diag = diag(mean of θ² − θ̄²)
+
+in the flat unconstrained coordinates, a member of the shared Gaussian family (low rank plus
+diagonal): it has a density, so k-hat, the ELBO, ``log_prob``, the linearised and probit
+predictives and save/load apply as for any Gaussian. The moments are collected inside the
+compiled SGD steps by :func:`~ppl.inference.optimize.minimize`'s collector; nothing returns to
+the host per step.
+
+The SGD objective is the negative log joint divided by N (per datum), so that ``learning_rate``
+has the scale the SWAG literature uses whatever the data size.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ppl._checkpoint import Interrupted
+from ppl._errors import OptionError
+from ppl._posterior import Posterior
+from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._gaussian import Gaussian, LowRankDiagonal, draw
+from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
+
+__all__ = ["SWAG", "SwagMoments"]
+
+DEFAULT_BATCH = 64  # batch_size=None: minibatches of this many rows (all rows for smaller data)
+
+
+class SwagState(NamedTuple):
+    count: jax.Array  # snapshots collected
+    mean: jax.Array  # (P,) running mean θ̄
+    mean_sq: jax.Array  # (P,) running mean of θ²
+    deviations: jax.Array  # (K, P) ring buffer of θ_i − θ̄ (the running mean after adding θ_i)
+
+
+@dataclass(frozen=True)
+class SwagMoments:
+    """The collector: every ``collect_every`` steps, add the iterate to SWAG's running moments."""
+
+    collect_every: int
+    rank: int
+
+    def init(self, params) -> SwagState:
+        zero = jnp.zeros_like(params)
+        return SwagState(jnp.zeros((), jnp.int32), zero, zero, jnp.zeros((self.rank, params.shape[-1]), params.dtype))
+
+    def update(self, state: SwagState, params, step) -> SwagState:
+        count = state.count + 1
+        weight = 1.0 / count.astype(params.dtype)
+        mean = state.mean + (params - state.mean) * weight
+        mean_sq = state.mean_sq + (jnp.square(params) - state.mean_sq) * weight
+        deviations = state.deviations.at[(count - 1) % self.rank].set(params - mean)
+        collected = SwagState(count, mean, mean_sq, deviations)
+        return _select((step + 1) % self.collect_every == 0, collected, state)
+
+
+@dataclass(frozen=True)
+class MeanNegativeLogJoint:
+    """−log p(θ(u), D) / N: the per-datum objective SWAG's learning rates are stated for."""
+
+    def __call__(self, params, problem, key, batch, step=None):
+        return -problem.log_joint(params, batch) / problem.num_data
+
+
+@dataclass(frozen=True)
+class SWAG(Method):
+    """SWAG: a Gaussian from the first and second moments of an SGD trajectory.
+
+    Options:
+        steps: L-BFGS steps of the pre-training MAP (unused with a ``map`` Posterior as ``init``).
+        init: ``"prior"`` (and the other ``map`` inits) for the pre-training's start, or a fitted
+            ``map`` Posterior of this model to start SGD from.
+        swag_steps: SGD steps after pre-training.
+        learning_rate: SGD rate on the per-datum objective (momentum 0.9).
+        schedule: ``"constant"``, or ``"cyclic"`` (cosine from the rate to 1% of it over each
+            cycle of ``collect_every`` steps; the iterate is collected at the cycle's end).
+        collect_every: steps between collected iterates.
+        rank: K, the number of last deviations kept (the rank of D).
+        scale: multiplies the covariance (Maddox et al. sample with 0.5).
+        batch_size: rows per SGD step; None takes min(64, N).
+        num_draws: draws from q stored in the Posterior.
+    """
+
+    name: ClassVar[str] = "swag"
+    kind: ClassVar[str] = "independent"
+    description: ClassVar[str] = (
+        "SWAG: Gaussian (diagonal plus rank K) from the moments of an SGD trajectory started at the MAP"
+    )
+
+    steps: int = 2000
+    init: Any = "prior"
+    swag_steps: int = 1000
+    learning_rate: float = 0.01
+    schedule: str = "constant"
+    collect_every: int = 10
+    rank: int = 20
+    scale: float = 1.0
+    batch_size: int | None = None
+    num_draws: int = 1000
+
+    def __post_init__(self):
+        super().__post_init__()
+        for option in ("steps", "swag_steps", "collect_every", "num_draws"):
+            check_positive_int(self.name, option, getattr(self, option))
+        check_positive(self.name, "learning_rate", self.learning_rate)
+        check_positive(self.name, "scale", self.scale)
+        check_choice(self.name, "schedule", self.schedule, ("constant", "cyclic"))
+        if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or self.rank < 2:
+            raise OptionError(f"{self.name}: rank must be an integer ≥ 2 (K deviations, K − 1 in the divisor), got {self.rank!r}")
+        if self.collect_every * 2 > self.swag_steps:
+            raise OptionError(
+                f"{self.name}: collect_every={self.collect_every} collects {self.swag_steps // self.collect_every} "
+                f"iterate(s) in swag_steps={self.swag_steps}; SWAG needs at least 2 — raise swag_steps or lower "
+                "collect_every"
+            )
+        if not isinstance(self.init, Posterior) and self.init not in INITS:
+            raise OptionError(f"{self.name}: init must be one of {', '.join(map(repr, INITS))} or a fitted map Posterior")
+        if self.batch_size is not None:
+            check_positive_int(self.name, "batch_size", self.batch_size)
+
+    def stored_draws(self) -> int:
+        return int(self.num_draws)
+
+    def check(self, problem) -> None:
+        if not problem.is_declarative and self.batch_size is not None:
+            raise OptionError(f"{self.name}: batch_size needs a declarative model (ppl.models) whose rows ppl can subsample")
+        if self.batch_size is not None and self.batch_size > problem.num_data:
+            raise OptionError(
+                f"{self.name}: batch_size={self.batch_size} exceeds the {problem.num_data} data points; lower it"
+            )
+        if isinstance(self.init, Posterior):
+            theirs = [(s.name, s.shape) for s in self.init.problem.sites]
+            ours = [(s.name, s.shape) for s in problem.sites]
+            if theirs != ours or self.init.approximation is None or self.init.kind != "point":
+                raise OptionError(
+                    f"{self.name}: init must be a map Posterior of this model (sites {ours}); got a "
+                    f"{self.init.method!r} Posterior with sites {theirs}"
+                )
+
+    def _batch(self, problem) -> int | None:
+        if not problem.is_declarative:
+            return None  # a plain program's rows are not known: full-batch SGD (no gradient noise)
+        return self.batch_size if self.batch_size is not None else min(DEFAULT_BATCH, problem.num_data)
+
+    def run(self, key, problem) -> Posterior:
+        self.check(problem)
+        map_key, swag_key, draw_key = jax.random.split(key, 3)
+        if isinstance(self.init, Posterior):
+            start, info = jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
+        else:
+            found = MAP(steps=self.steps, init=self.init).run(map_key, problem)
+            start = found.approximation.loc
+            # A Ctrl-C during pre-training also stops the SGD phase before its first step, which
+            # raises Interrupted there.
+            info = {f"map_{k}": found.info[k] for k in ("converged", "convergence") if k in found.info}
+        config = OptimizerConfig("sgd", int(self.swag_steps), self.schedule, self._batch(problem), cycle=int(self.collect_every))
+        result = minimize(
+            MeanNegativeLogJoint(), config, problem, start, swag_key, learning_rate=self.learning_rate, label="swag",
+            collector=SwagMoments(int(self.collect_every), int(self.rank)),
+        )
+        moments = result.collected
+        count = int(moments.count)
+        if count < 2:
+            raise Interrupted(
+                f"swag: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — run it again",
+                result.resume_state,
+            )
+        family = swag_gaussian(moments, min(count, self.rank), float(self.scale))
+        info.update(
+            losses=result.losses,
+            snapshots=count,
+            rank_used=min(count, self.rank),
+            batch_size=config.batch_size,
+            interrupted=len(result.losses) < self.swag_steps,
+            steps_done=len(result.losses),
+        )
+        flat = draw(family, draw_key, self.num_draws)
+        return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None], info=info,
+                         approximation=family)
+
+
+def swag_gaussian(moments: SwagState, rank: int, scale: float) -> Gaussian:
+    """N(θ̄, scale · (½ Σ_diag + D Dᵀ / (2 (K − 1)))) from collected moments, K = ``rank`` filled
+    deviation rows (unfilled rows are zero and add nothing).
+
+    Σ_diag is floored at the square of float resolution at θ̄: a coordinate SGD never moved (or
+    whose moments cancel to rounding) gets a tiny, not a zero or negative, variance."""
+    mean = moments.mean
+    resolution = jnp.finfo(mean.dtype).eps * jnp.maximum(jnp.abs(mean), 1.0)
+    variance = jnp.maximum(moments.mean_sq - jnp.square(mean), jnp.square(resolution))
+    factor = moments.deviations.T * math.sqrt(scale / (2.0 * (rank - 1)))
+    return Gaussian(mean, LowRankDiagonal(factor, jnp.sqrt(0.5 * scale * variance)))
