@@ -369,6 +369,33 @@ class Posterior:
         # Change of variables: q(θ) = q_u(u(θ)) / |det ∂θ/∂u|.
         return np.asarray(self.approximation.log_prob(flat) - _over_draws(self.problem, flat, "log_jacobian"))
 
+    def as_numpyro_guide(self):
+        """This posterior as a NumPyro guide function over the model's latent sites.
+
+        Usable wherever NumPyro takes a guide: ``numpyro.infer.Predictive(model, guide=guide,
+        num_samples=...)``, ``numpyro.infer.Trace_ELBO().loss(key, {}, model, guide, *args)``
+        (its ELBO is the one ``diagnostics().elbo`` reports), or as a starting point elsewhere.
+        It draws u from the fitted density q and records each site's constrained value, with the
+        transforms' log-Jacobian, so its density over the sites is q(θ). Needs a posterior with a
+        density (exact, svi with a Gaussian or flow guide, laplace, swag, mola), and a model
+        without local latents.
+        """
+        self._attached("as_numpyro_guide")
+        if not self.has_density:
+            raise TypeError(
+                f"method {self.method!r} ({self.kind}) has no density q(θ), so it cannot be a NumPyro guide; "
+                "use a method with one (exact, svi, laplace, swag, mola), or numpyro.infer.Predictive with "
+                "posterior_samples=post.sample(n, seed=...)"
+            )
+        if self.problem.local_sites:
+            raise TypeError(
+                "this model has local latents (a VAE): its guide includes the encoder, which the Posterior does "
+                "not expose as a NumPyro guide; use post.local_model(X) for the local posterior of chosen rows"
+            )
+        from ppl._guide import numpyro_guide
+
+        return numpyro_guide(self.problem, self.approximation)
+
     # -- cached per-draw quantities used by diagnostics --------------------------------------------
     def pointwise_log_likelihood(self) -> np.ndarray | None:
         """log p(y_i | θ_s) for the stored draws and training data, shape (chain, draw, N); None when
