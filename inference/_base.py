@@ -79,11 +79,14 @@ class Method:
 
 
 def _describe(value):
-    approximation = getattr(value, "approximation", None)
-    if approximation is None or not hasattr(value, "seed"):
+    flat = getattr(value, "flat_draws", None)
+    if flat is None or not hasattr(value, "method"):
         return value
-    loc = np.asarray(approximation.loc)
-    return f"{value.method} posterior (seed {value.seed}, {loc.size} parameters, mean |θ| {np.abs(loc).mean():.6g})"
+    draws = np.asarray(flat)
+    return (
+        f"{value.method} posterior (seed {value.seed}, {draws.shape[0]} chain(s) × {draws.shape[1]} draw(s) of "
+        f"{draws.shape[2]} parameters, mean |θ| {np.abs(draws).mean():.6g})"
+    )
 
 
 def parse_value(text: str, hint, where: str):

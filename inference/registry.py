@@ -22,6 +22,7 @@ METHODS = {
     "mola": "ppl.inference.mola:MoLA",
     "ensemble": "ppl.inference.ensemble:Ensemble",
     "swag": "ppl.inference.swag:SWAG",
+    "multiswag": "ppl.inference.swag:MultiSWAG",
 }
 
 

@@ -31,10 +31,11 @@ from ppl._checkpoint import Interrupted
 from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference._gaussian import Gaussian, LowRankDiagonal, draw
+from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
+from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
 
-__all__ = ["SWAG", "SwagMoments"]
+__all__ = ["SWAG", "MultiSWAG", "SwagMoments"]
 
 DEFAULT_BATCH = 64  # batch_size=None: minibatches of this many rows (all rows for smaller data)
 
@@ -127,7 +128,9 @@ class SWAG(Method):
                 "collect_every"
             )
         if not isinstance(self.init, Posterior) and self.init not in INITS:
-            raise OptionError(f"{self.name}: init must be one of {', '.join(map(repr, INITS))} or a fitted map Posterior")
+            raise OptionError(
+                f"{self.name}: init must be one of {', '.join(map(repr, INITS))} or {self._expected_init()[1]}"
+            )
         if self.batch_size is not None:
             check_positive_int(self.name, "batch_size", self.batch_size)
 
@@ -142,54 +145,106 @@ class SWAG(Method):
                 f"{self.name}: batch_size={self.batch_size} exceeds the {problem.num_data} data points; lower it"
             )
         if isinstance(self.init, Posterior):
+            kind, what = self._expected_init()
             theirs = [(s.name, s.shape) for s in self.init.problem.sites]
             ours = [(s.name, s.shape) for s in problem.sites]
-            if theirs != ours or self.init.approximation is None or self.init.kind != "point":
+            members = self.init.num_chains if kind == "members" else 1
+            if theirs != ours or self.init.kind != kind or members != (self._members() or 1):
                 raise OptionError(
-                    f"{self.name}: init must be a map Posterior of this model (sites {ours}); got a "
-                    f"{self.init.method!r} Posterior with sites {theirs}"
+                    f"{self.name}: init must be {what} (sites {ours}); got a {self.init.method!r} Posterior "
+                    f"({self.init.kind}, {self.init.num_chains} chain(s)) with sites {theirs}"
                 )
+
+    def _expected_init(self) -> tuple:
+        """(the posterior kind ``init=`` must have, how to say it)."""
+        return "point", "a map Posterior of this model"
 
     def _batch(self, problem) -> int | None:
         if not problem.is_declarative:
             return None  # a plain program's rows are not known: full-batch SGD (no gradient noise)
         return self.batch_size if self.batch_size is not None else min(DEFAULT_BATCH, problem.num_data)
 
+    def _members(self) -> int | None:
+        """None: one trajectory; M: M trajectories as one program (MultiSWAG)."""
+        return None
+
+    def _starts(self, key, problem) -> tuple:
+        """(the SGD phase's start, a record of the pre-training)."""
+        if isinstance(self.init, Posterior):
+            return jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
+        found = MAP(steps=self.steps, init=self.init).run(key, problem)
+        # A Ctrl-C during pre-training also stops the SGD phase before its first step, which raises
+        # Interrupted there.
+        return found.approximation.loc, {f"map_{k}": found.info[k] for k in ("converged", "convergence") if k in found.info}
+
+    def _family(self, moments: SwagState, rank: int):
+        return swag_gaussian(moments, rank, float(self.scale))
+
     def run(self, key, problem) -> Posterior:
         self.check(problem)
         map_key, swag_key, draw_key = jax.random.split(key, 3)
-        if isinstance(self.init, Posterior):
-            start, info = jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
-        else:
-            found = MAP(steps=self.steps, init=self.init).run(map_key, problem)
-            start = found.approximation.loc
-            # A Ctrl-C during pre-training also stops the SGD phase before its first step, which
-            # raises Interrupted there.
-            info = {f"map_{k}": found.info[k] for k in ("converged", "convergence") if k in found.info}
+        starts, info = self._starts(map_key, problem)
+        members = self._members()
         config = OptimizerConfig("sgd", int(self.swag_steps), self.schedule, self._batch(problem), cycle=int(self.collect_every))
         result = minimize(
-            MeanNegativeLogJoint(), config, problem, start, swag_key, learning_rate=self.learning_rate, label="swag",
+            MeanNegativeLogJoint(), config, problem, starts,
+            swag_key if members is None else member_keys(swag_key, members),
+            learning_rate=self.learning_rate, label=self.name, members=members,
             collector=SwagMoments(int(self.collect_every), int(self.rank)),
         )
-        moments = result.collected
-        count = int(moments.count)
+        count = int(np.min(np.asarray(result.collected.count)))  # the same for every member
         if count < 2:
             raise Interrupted(
-                f"swag: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — run it again",
+                f"{self.name}: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — run it again",
                 result.resume_state,
             )
-        family = swag_gaussian(moments, min(count, self.rank), float(self.scale))
+        family = self._family(result.collected, min(count, self.rank))
+        done = int(result.losses.shape[-1])
         info.update(
-            losses=result.losses,
-            snapshots=count,
-            rank_used=min(count, self.rank),
-            batch_size=config.batch_size,
-            interrupted=len(result.losses) < self.swag_steps,
-            steps_done=len(result.losses),
+            losses=result.losses, snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size,
+            interrupted=done < self.swag_steps, steps_done=done,
         )
         flat = draw(family, draw_key, self.num_draws)
         return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None], info=info,
                          approximation=family)
+
+
+@dataclass(frozen=True)
+class MultiSWAG(SWAG):
+    """MultiSWAG (Wilson & Izmailov 2020): ``num_members`` SWAG Gaussians from independently
+    pre-trained MAPs (an ``ensemble``), their SGD phases run as one vmapped program, combined as a
+    uniform mixture. ``init`` may also be a fitted ``ensemble`` Posterior of this model with
+    ``num_members`` members."""
+
+    name: ClassVar[str] = "multiswag"
+    kind: ClassVar[str] = "mixture"
+    description: ClassVar[str] = "MultiSWAG: a uniform mixture of SWAG Gaussians around M independently trained MAPs"
+
+    num_members: int = 5
+
+    def __post_init__(self):
+        check_positive_int(self.name, "num_members", self.num_members)
+        super().__post_init__()
+
+    def _members(self) -> int:
+        return int(self.num_members)
+
+    def _expected_init(self) -> tuple:
+        return "members", f"an ensemble Posterior of this model with num_members={self.num_members} members"
+
+    def _starts(self, key, problem) -> tuple:
+        if isinstance(self.init, Posterior):
+            return jnp.asarray(self.init.flat_draws[:, 0], problem.init_params.dtype), {}
+        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init).run(key, problem)
+        return found.flat_draws[:, 0], {"map_converged": found.info["converged"], "map_convergence": found.info["convergence"]}
+
+    def _family(self, moments: SwagState, rank: int):
+        components = tuple(
+            swag_gaussian(jax.tree_util.tree_map(lambda leaf: leaf[m], moments), rank, float(self.scale))
+            for m in range(self.num_members)
+        )
+        dtype = moments.mean.dtype
+        return Mixture(components, jnp.full(self.num_members, -math.log(self.num_members), dtype))
 
 
 def swag_gaussian(moments: SwagState, rank: int, scale: float) -> Gaussian:

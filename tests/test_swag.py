@@ -118,3 +118,27 @@ def test_ctrl_c_during_swag_never_yields_a_result_that_looks_complete(after, mon
     assert post.info["interrupted"] and post.info["steps_done"] < 3000
     diag = post.diagnostics()
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
+
+
+def test_multiswag_is_a_mixture_whose_first_member_is_swag(linear_model, linear_data, swag_linear):
+    # member 0 is pre-trained by the ensemble's member 0 (map with the same seed) and runs SGD with
+    # the seed's own key, so it is the swag run with the same seed (to rounding: its SGD is vmapped)
+    post = ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=3)
+    assert post.kind == "mixture" and post.approximation.kind == "mixture:3:low_rank"
+    first = post.approximation.components[0]
+    np.testing.assert_allclose(np.asarray(first.mean), np.asarray(swag_linear.approximation.mean), atol=1e-10)
+    np.testing.assert_allclose(np.asarray(first.covariance()), np.asarray(swag_linear.approximation.covariance()),
+                               atol=1e-12)
+    diag = post.diagnostics()
+    assert diag.khat is not None and diag.elbo is not None
+    assert post.info["losses"].shape == (3, 1000)
+
+
+def test_multiswag_from_an_ensemble_and_its_refusals(linear_model, linear_data):
+    ensemble = ppl.fit(linear_model, linear_data.train, method="ensemble", seed=0, num_members=2)
+    post = ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=2, init=ensemble)
+    assert "ensemble posterior (seed 0, 2 chain(s)" in post.options["init"]
+    with pytest.raises(ppl.OptionError, match="num_members=3 members"):
+        ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=3, init=ensemble)
+    with pytest.raises(ppl.OptionError, match="num_members must be an integer ≥ 1"):
+        ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=0)
