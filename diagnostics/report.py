@@ -238,6 +238,13 @@ def compute_diagnostics(posterior) -> Diagnostics:
                 f"KL warm-up weighted the prior/KL side below its value for the first {warmup} steps: losses recorded "
                 "then are not the bound (the final objective is)"
             )
+    inflation = info.get("variance_inflation")
+    if inflation is not None and inflation > THRESHOLDS["variance_inflation"]:
+        fail(
+            f"the step size inflates the stationary variance by a predicted factor {inflation:.2f} (standard deviations "
+            f"{np.sqrt(inflation):.2f}×) against the posterior's: the draws are too spread out — lower step_size, or leave "
+            "it None for the automatic choice"
+        )
     if "log_evidence" in info:
         record.log_evidence = float(info["log_evidence"])
     else:

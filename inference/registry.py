@@ -23,6 +23,9 @@ METHODS = {
     "ensemble": "ppl.inference.ensemble:Ensemble",
     "swag": "ppl.inference.swag:SWAG",
     "multiswag": "ppl.inference.swag:MultiSWAG",
+    "sgld": "ppl.inference.sgmcmc:SGLD",
+    "sghmc": "ppl.inference.sgmcmc:SGHMC",
+    "cyclical_sgld": "ppl.inference.sgmcmc:CyclicalSGLD",
 }
 
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl._checkpoint import Interrupted
+from ppl._data import check_batch_size
 from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
@@ -138,12 +139,7 @@ class SWAG(Method):
         return int(self.num_draws)
 
     def check(self, problem) -> None:
-        if not problem.is_declarative and self.batch_size is not None:
-            raise OptionError(f"{self.name}: batch_size needs a declarative model (ppl.models) whose rows ppl can subsample")
-        if self.batch_size is not None and self.batch_size > problem.num_data:
-            raise OptionError(
-                f"{self.name}: batch_size={self.batch_size} exceeds the {problem.num_data} data points; lower it"
-            )
+        check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
             kind, what = self._expected_init()
             theirs = [(s.name, s.shape) for s in self.init.problem.sites]

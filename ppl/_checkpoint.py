@@ -116,6 +116,10 @@ class Interrupted(KeyboardInterrupt):
         self.fingerprint = None
 
     def save(self, path) -> None:
+        from ppl._errors import RunError
         from ppl._io import save_run
+
+        if self.resume_state is None:
+            raise RunError(f"nothing to save: {self} — this method keeps no state to resume from; run it again")
 
         save_run(path, None, resume_state=self.resume_state, fingerprint=self.fingerprint, status="interrupted")

@@ -18,7 +18,11 @@ __all__ = ["Prediction", "Diagnostics", "THRESHOLDS", "POSTERIOR_KINDS"]
 #   mixture      independent draws from a mixture of fitted densities (k-hat as for independent)
 POSTERIOR_KINDS = ("chains", "independent", "point", "members", "mixture")
 
-THRESHOLDS = {"rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3}
+THRESHOLDS = {
+    "rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3,
+    # SG-MCMC: the predicted stationary-variance inflation of the discretisation and gradient noise
+    "variance_inflation": 1.25,
+}
 
 
 @dataclass(frozen=True)

@@ -94,7 +94,7 @@ def test_swag_bad_options_are_refused(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="swag", seed=0, swag_steps=10, collect_every=6)
     with pytest.raises(ppl.OptionError, match="rank must be an integer ≥ 2"):
         ppl.fit(linear_model, linear_data.train, method="swag", seed=0, rank=1)
-    with pytest.raises(ppl.OptionError, match="exceeds the 80 data points"):
+    with pytest.raises(ppl.DataError, match=r"batch_size must be an integer in 1..80"):
         ppl.fit(linear_model, linear_data.train, method="swag", seed=0, batch_size=500)
     other = ppl.fit(LinearRegression(bias=False), linear_data.train, method="map", seed=0)
     with pytest.raises(ppl.OptionError, match="init must be a map Posterior of this model"):
