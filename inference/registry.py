@@ -26,6 +26,7 @@ METHODS = {
     "sgld": "ppl.inference.sgmcmc:SGLD",
     "sghmc": "ppl.inference.sgmcmc:SGHMC",
     "cyclical_sgld": "ppl.inference.sgmcmc:CyclicalSGLD",
+    "mh": "ppl.inference.mh:MH",
 }
 
 

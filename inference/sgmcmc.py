@@ -143,15 +143,17 @@ def _rows(problem, key, batch_size):
 
 
 @dataclass(frozen=True)
-class _SGMCMC(Method):
+class _WhitenedChains(Method):
+    """Chains in whitened coordinates, vmapped, in compiled chunks of draws: the runner shared by
+    the SG-MCMC methods and ``mh``. A subclass defines its step rule, its per-chain extra state,
+    ``_transition`` (one warmup step) and ``_draw`` (the steps behind one stored draw)."""
+
     kind: ClassVar[str] = "chains"
 
     num_warmup: int = 1000
     num_samples: int = 1000
     num_chains: int = 4
     thinning: int = 5
-    step_size: float | None = None
-    batch_size: int | None = None
     init: str = "uniform"
 
     def __post_init__(self):
@@ -159,34 +161,26 @@ class _SGMCMC(Method):
         check_positive_int(self.name, "num_warmup", self.num_warmup, allow_zero=True)
         for option in ("num_samples", "num_chains", "thinning"):
             check_positive_int(self.name, option, getattr(self, option))
-        if self.step_size is not None:
-            check_positive(self.name, "step_size", self.step_size)
-        if self.batch_size is not None:
-            check_positive_int(self.name, "batch_size", self.batch_size)
         check_choice(self.name, "init", self.init, INITS)
 
     def stored_draws(self) -> int:
         return self.num_chains * self.num_samples
 
-    def check(self, problem) -> None:
-        check_batch_size(self.batch_size, problem.num_data)
-
     def _batch(self, problem):
-        if not problem.is_declarative:
-            return None
-        return self.batch_size if self.batch_size is not None else min(DEFAULT_BATCH, problem.num_data)
+        return None  # full batch
 
-    # What a method defines: its step-size rule, its state and its per-draw transition.
-    def _auto_step(self, curvature: float, noise: float) -> float:
-        return STEP_FACTOR / (curvature * (1.0 + noise))
+    def _step(self, curvature: float, noise: float) -> float:
+        raise NotImplementedError
 
     def _inflation(self, step: float, curvature: float, noise: float) -> float | None:
-        """Predicted worst-case variance inflation of a Langevin step ``step`` (see the module)."""
-        half = step * curvature / 2.0
-        return (1.0 + half * noise) / (1.0 - half) if half < 1.0 else float("inf")
+        return None
 
-    def _init_extra(self, u):
+    def _init_extra(self, problem, white, z):
         return ()
+
+    def _record(self, state) -> dict:
+        """Entries for ``info`` from the final state."""
+        return {}
 
 
     def run(self, key, problem) -> Posterior:
@@ -198,11 +192,10 @@ class _SGMCMC(Method):
         noise = 0.0 if batch is None else (problem.num_data / batch) * (1.0 - batch / problem.num_data)
         white = whitening(problem, starts, curve_key)
         curvature = curvature_scale(problem, starts, curve_key, white)
-        step = float(self.step_size) if self.step_size is not None else self._auto_step(curvature, noise)
+        step = self._step(curvature, noise)
         plan = self._plan()
         steps = jnp.asarray(step, dtype)
-        zs = jax.vmap(white.to_z)(starts)
-        state = (zs, jax.vmap(self._init_extra)(zs))
+        state = _initial(self, problem, white, starts)
         keys = jax.random.split(run_key, self.num_chains)
         draws, done = [], 0
         label = f"{self.name} ({self.num_chains} chains)"
@@ -236,10 +229,45 @@ class _SGMCMC(Method):
         inflation = self._inflation(step if plan.get("sampling_step") is None else plan["sampling_step"](step), curvature, noise)
         if inflation is not None:
             info["variance_inflation"] = inflation
+        info.update(self._record(state))
         return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat, info=info)
 
     def _plan(self) -> dict:
         return {"warmup_calls": self.num_warmup}
+
+
+@dataclass(frozen=True)
+class _SGMCMC(_WhitenedChains):
+    """Minibatch gradient chains: a step size (whitened units, None chooses it) and a batch size."""
+
+    step_size: float | None = None
+    batch_size: int | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.step_size is not None:
+            check_positive(self.name, "step_size", self.step_size)
+        if self.batch_size is not None:
+            check_positive_int(self.name, "batch_size", self.batch_size)
+
+    def check(self, problem) -> None:
+        check_batch_size(self.batch_size, problem.num_data)
+
+    def _batch(self, problem):
+        if not problem.is_declarative:
+            return None
+        return self.batch_size if self.batch_size is not None else min(DEFAULT_BATCH, problem.num_data)
+
+    def _step(self, curvature: float, noise: float) -> float:
+        return float(self.step_size) if self.step_size is not None else self._auto_step(curvature, noise)
+
+    def _auto_step(self, curvature: float, noise: float) -> float:
+        return STEP_FACTOR / (curvature * (1.0 + noise))
+
+    def _inflation(self, step: float, curvature: float, noise: float) -> float | None:
+        """Predicted worst-case variance inflation of a Langevin step ``step`` (see the module)."""
+        half = step * curvature / 2.0
+        return (1.0 + half * noise) / (1.0 - half) if half < 1.0 else float("inf")
 
 
 def _check_finite(method, values, phase, done, partial=None, problem=None):
@@ -258,6 +286,13 @@ def _check_finite(method, values, phase, done, partial=None, problem=None):
                 info={"failed": str(error), "interrupted": True, "steps_done": done, "draws_done": done},
             )
         raise error
+
+
+@partial(jax.jit, static_argnames=("method",))
+def _initial(method, problem, white, starts):
+    """The chains' starting states: z = L⁻¹ u and the method's extra state, compiled once."""
+    zs = jax.vmap(white.to_z)(starts)
+    return zs, jax.vmap(lambda z: method._init_extra(problem, white, z))(zs)
 
 
 @partial(jax.jit, static_argnames=("method", "batch", "calls"))
