@@ -18,6 +18,10 @@ that is then far too small (Adam moves each coordinate about ``learning_rate`` a
 3. otherwise (more parameters, or minibatches) starts at the mode with sd ``INIT_SCALE``.
 
 ``init="prior" | "median" | "uniform" | "zeros"`` skips the optimisation and starts at that point
+with sd ``INIT_SCALE``. ``init=`` a fitted Posterior of the same model starts the guide at that
+posterior: its Gaussian (mean and covariance: Laplace, SWAG, another svi run), or the mean and
+covariance of its stored draws (NUTS, SG-MCMC, an ensemble, a mixture), written as the frame
+(dense up to ``DENSE_FRAME_MAX`` parameters, else its diagonal); a point estimate gives its point
 with sd ``INIT_SCALE``. The run's convergence verdict (``info["converged"]``) uses the loss curve's
 trend against its own noise (:func:`~ppl.inference.optimize.loss_convergence`).
 """
@@ -27,6 +31,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -87,8 +92,40 @@ def frame_from_hessian(mode, hessian) -> Frame:
     return Frame(mode, jnp.asarray(scale, dtype=dtype), None if tril is None else jnp.asarray(tril, dtype=dtype))
 
 
-def starting_frame(problem, key, init: str, batch_size: int | None, learning_rate: float):
+def frame_from_posterior(problem, posterior) -> tuple:
+    """The frame of a fitted posterior of this model (see the module docstring), and a note."""
+    dtype = problem.init_params.dtype
+    family = posterior.approximation
+    if family is not None and not family.has_density:
+        return Frame.plain(jnp.asarray(family.loc, dtype)), f"started at the given {posterior.method} point with sd {INIT_SCALE}"
+    if family is not None and hasattr(family, "covariance") and not hasattr(family, "components"):
+        mean, covariance = np.asarray(family.loc, float), np.asarray(family.covariance(), float)
+        what = f"the given {posterior.method} Gaussian"
+    else:
+        flat = np.asarray(posterior.flat_draws, float).reshape(-1, problem.num_params)
+        if flat.shape[0] < 2:
+            return Frame.plain(jnp.asarray(flat[0], dtype)), f"started at the given {posterior.method} draw with sd {INIT_SCALE}"
+        mean, covariance = flat.mean(axis=0), np.cov(flat, rowvar=False).reshape(problem.num_params, problem.num_params)
+        what = f"the mean and covariance of the given {posterior.method} run's {flat.shape[0]} draws"
+    mean = jnp.asarray(mean, dtype)
+    if problem.num_params > DENSE_FRAME_MAX:
+        sd = np.sqrt(np.maximum(np.diag(covariance), 0.0))
+        sd = np.where(sd > 0, sd, INIT_SCALE)
+        return Frame(mean, jnp.asarray(sd, dtype)), f"started at {what} (its diagonal: more than {DENSE_FRAME_MAX} parameters)"
+    # Directions the given posterior does not spread along (coordinates a subset Laplace held fixed,
+    # an ensemble whose members agree) carry no information about the spread: they start with sd
+    # INIT_SCALE, like a guide without a frame.
+    values, vectors = np.linalg.eigh(0.5 * (covariance + covariance.T))
+    resolution = (1e-6 * max(1.0, float(np.max(np.abs(np.asarray(mean))))))**2  # spread at rounding level
+    spread = (values > _EIGEN_RTOL * max(float(values.max()), 0.0)) & (values > resolution)
+    values = np.where(spread, values, INIT_SCALE**2)
+    return frame_from_hessian(mean, (vectors / values) @ vectors.T), f"started at {what}"
+
+
+def starting_frame(problem, key, init, batch_size: int | None, learning_rate: float):
     """The frame the guide starts in (see the module docstring) and a note on how it was found."""
+    if isinstance(init, Posterior):
+        return frame_from_posterior(problem, init)
     if init != "map":
         return Frame.plain(problem.init_position(key, init)), f"started at init={init!r} with sd {INIT_SCALE}"
     start = problem.init_position(key, "median")
@@ -141,9 +178,12 @@ def _local_bounds(posterior, key) -> dict:
     }
 
 
-def _frame_template(problem, init: str, batch_size: int | None) -> Frame:
+def _frame_template(problem, init, batch_size: int | None) -> Frame:
     """A frame with the structure ``starting_frame`` would give (values are replaced on resume)."""
     zeros = problem.init_params
+    if isinstance(init, Posterior):
+        frame, _ = frame_from_posterior(problem, init)
+        return frame
     if init == "map" and batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
         return Frame(zeros, jnp.ones_like(zeros), jnp.eye(zeros.shape[0], dtype=zeros.dtype))
     # (init_scale is a Python number, not a leaf: the template's structure matches either way.)
@@ -167,7 +207,7 @@ class SVI(Method):
     schedule: str = "cosine"
     batch_size: int | None = None
     rank: int = 10
-    init: str = "map"
+    init: Any = "map"
     num_draws: int = 1000
     alpha: float = 0.5
     beta: float = 1.0
@@ -182,7 +222,8 @@ class SVI(Method):
         check_choice(self.name, "guide", self.guide, ("auto",) + GUIDES)
         check_choice(self.name, "objective", self.objective, OBJECTIVES)
         check_choice(self.name, "schedule", self.schedule, ("constant", "cosine"))
-        check_choice(self.name, "init", self.init, ("map",) + INITS)
+        if not isinstance(self.init, Posterior):
+            check_choice(self.name, "init", self.init, ("map",) + INITS)
         check_choice(self.name, "gradient", self.gradient, ("standard", "dreg"))
         for option in ("num_particles", "steps", "rank", "num_draws", "num_flows"):
             check_positive_int(self.name, option, getattr(self, option))
@@ -253,6 +294,14 @@ class SVI(Method):
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        if isinstance(self.init, Posterior):
+            theirs = [(s.name, s.shape) for s in self.init.problem.sites] if self.init.problem is not None else None
+            ours = [(s.name, s.shape) for s in problem.sites]
+            if theirs != ours:
+                raise OptionError(
+                    f"svi: init must be a fitted Posterior of this model (sites {ours}); the given {self.init.method!r} "
+                    f"run has sites {theirs}"
+                )
         if self.global_guide_name(problem) == "delta" and self.objective != "elbo" and not problem.local_sites:
             raise OptionError(
                 f"svi: a delta guide has no density, so objective={self.objective!r} (which weighs draws by "
@@ -283,7 +332,8 @@ class SVI(Method):
         dim = problem.num_params
         # Each step draws num_particles parameter vectors and keeps them for the gradient.
         check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, dim, itemsize)
-        if self.guide in ("full_rank", "flow") or (self.init == "map" and dim <= DENSE_FRAME_MAX):
+        dense_start = (self.init == "map" or isinstance(self.init, Posterior)) and dim <= DENSE_FRAME_MAX
+        if self.guide in ("full_rank", "flow") or dense_start:
             # The factor (or frame), Adam's two moments and its gradient: four P × P arrays.
             what = {"full_rank": "a full-rank guide", "flow": "a flow guide's frame"}.get(self.guide, "the Hessian frame of init='map'")
             check_dense_matrix(

@@ -64,3 +64,24 @@ def test_methods_without_a_density_are_refused(linear_model, linear_data):
         post = ppl.fit(linear_model, linear_data.train, method=method, seed=0, **options)
         with pytest.raises(TypeError, match="no density"):
             post.as_numpyro_guide()
+
+
+def test_svi_starts_from_a_given_posterior(linear_model, linear_data, linear_truth):
+    exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
+    # The guide is written in the given posterior's frame (units of its sds) and starts there; Adam's
+    # first step moves each frame coordinate by exactly learning_rate = 0.01, so after one step the
+    # mean is within ~0.01 sd per coordinate (0.02 allows for the frame's rotation) and the sds within
+    # e^0.01 plus the off-diagonal moves (3%).
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, init=exact, guide="full_rank", steps=1)
+    assert post.info["start"] == "started at the given exact Gaussian"
+    sd = np.sqrt(np.diag(linear_truth["cov"]))
+    q = post.approximation
+    assert np.all(np.abs(np.asarray(q.mean) - linear_truth["mean"]) < 0.02 * sd)
+    np.testing.assert_allclose(np.sqrt(np.diag(np.asarray(q.covariance()))), sd, rtol=0.03)
+    assert "exact posterior (seed 0" in post.options["init"]
+    # from a sampler: the draws' mean and covariance
+    nuts = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200)
+    again = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, init=nuts, steps=50)
+    assert again.info["start"].startswith("started at the mean and covariance of the given nuts run's 800 draws")
+    with pytest.raises(ppl.OptionError, match="init must be a fitted Posterior of this model"):
+        ppl.fit(LinearRegression(bias=False), linear_data.train, method="svi", seed=0, init=exact)
