@@ -14,6 +14,7 @@ from ppl._errors import MemoryBudgetError, OptionError
 __all__ = [
     "Method",
     "check_choice",
+    "check_init_posterior",
     "check_positive_int",
     "check_positive",
     "check_option_types",
@@ -111,6 +112,19 @@ def parse_value(text: str, hint, where: str):
         return text
     except ValueError:
         raise OptionError(f"{where}: cannot read {text!r} as {getattr(base, '__name__', base)}") from None
+
+
+def check_init_posterior(method: str, init, problem, what: str, kinds: tuple = (), chains: int | None = None) -> None:
+    """A Posterior given as ``init=`` must be of this model (the same sites and shapes), of one of
+    ``kinds`` (any when empty) and, when given, have ``chains`` chains; else an OptionError that says
+    ``what`` was expected and what was given."""
+    theirs = None if init.problem is None else [(s.name, s.shape) for s in init.problem.sites]
+    ours = [(s.name, s.shape) for s in problem.sites]
+    if theirs != ours or (kinds and init.kind not in kinds) or (chains is not None and init.num_chains != chains):
+        raise OptionError(
+            f"{method}: init must be {what} (sites {ours}); got a {init.method!r} Posterior ({init.kind}, "
+            f"{init.num_chains} chain(s)) with sites {theirs}"
+        )
 
 
 def check_choice(method: str, option: str, value, choices) -> None:

@@ -26,7 +26,6 @@ exact for conjugate linear regression.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -45,6 +44,7 @@ from ppl.inference._base import (
     MEMORY_BUDGET_BYTES,
     Method,
     check_choice,
+    check_init_posterior,
     check_positive,
     check_positive_int,
 )
@@ -182,6 +182,8 @@ class Laplace(Method):
     def check(self, problem) -> None:
         subset, hessian = self.structure(problem)
         check_batch_size(self.batch_size, problem.num_data)
+        if isinstance(self.init, Posterior):
+            check_init_posterior(self.name, self.init, problem, "a map Posterior of this model", ("point",))
         if problem.spec.kind == "unsupervised":
             raise OptionError(f"{self.name}: models with local latents are fitted with svi")
         if not problem.is_declarative:
@@ -285,13 +287,7 @@ class Laplace(Method):
     def _map(self, key, problem) -> tuple:
         """The mode and a record of how it was found (from ``init`` or a fresh optimisation)."""
         if isinstance(self.init, Posterior):
-            post = self.init
-            if [s[:2] for s in post.problem.sites] != [s[:2] for s in problem.sites]:
-                raise OptionError(
-                    f"{self.name}: the init posterior's parameters {[s.name for s in post.problem.sites]} do not match "
-                    f"this model's {[s.name for s in problem.sites]}"
-                )
-            u = jnp.asarray(post.approximation.loc, problem.init_params.dtype)
+            u = jnp.asarray(self.init.approximation.loc, problem.init_params.dtype)
             return u, _stationarity(problem, u, key, None, "the given map posterior")
         if not problem.is_declarative:
             # Plain programs: the mode of the unconstrained density (with the Jacobian), where the

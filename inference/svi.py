@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -45,6 +44,7 @@ from ppl._posterior import Posterior
 from ppl.inference._base import (
     Method,
     check_choice,
+    check_init_posterior,
     check_dense_matrix,
     check_positive,
     check_positive_int,
@@ -295,13 +295,7 @@ class SVI(Method):
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
-            theirs = [(s.name, s.shape) for s in self.init.problem.sites] if self.init.problem is not None else None
-            ours = [(s.name, s.shape) for s in problem.sites]
-            if theirs != ours:
-                raise OptionError(
-                    f"svi: init must be a fitted Posterior of this model (sites {ours}); the given {self.init.method!r} "
-                    f"run has sites {theirs}"
-                )
+            check_init_posterior(self.name, self.init, problem, "a fitted Posterior of this model")
         if self.global_guide_name(problem) == "delta" and self.objective != "elbo" and not problem.local_sites:
             raise OptionError(
                 f"svi: a delta guide has no density, so objective={self.objective!r} (which weighs draws by "

@@ -31,7 +31,7 @@ from ppl._checkpoint import Interrupted
 from ppl._data import check_batch_size
 from ppl._errors import OptionError
 from ppl._posterior import Posterior
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
@@ -142,14 +142,7 @@ class SWAG(Method):
         check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
             kind, what = self._expected_init()
-            theirs = [(s.name, s.shape) for s in self.init.problem.sites]
-            ours = [(s.name, s.shape) for s in problem.sites]
-            members = self.init.num_chains if kind == "members" else 1
-            if theirs != ours or self.init.kind != kind or members != (self._members() or 1):
-                raise OptionError(
-                    f"{self.name}: init must be {what} (sites {ours}); got a {self.init.method!r} Posterior "
-                    f"({self.init.kind}, {self.init.num_chains} chain(s)) with sites {theirs}"
-                )
+            check_init_posterior(self.name, self.init, problem, what, (kind,), self._members() or 1)
 
     def _expected_init(self) -> tuple:
         """(the posterior kind ``init=`` must have, how to say it)."""

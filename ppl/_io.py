@@ -45,7 +45,6 @@ from typing import NamedTuple
 import numpy as np
 
 from ppl._errors import DataError, RunError
-from ppl._results import POSTERIOR_KINDS
 
 __all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "run_lock", "fingerprint"]
 
