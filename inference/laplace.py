@@ -183,7 +183,8 @@ class Laplace(Method):
         subset, hessian = self.structure(problem)
         check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
-            check_init_posterior(self.name, self.init, problem, "a map Posterior of this model", ("point",))
+            # (that it is a map run is checked with the options; here, that it is of this model)
+            check_init_posterior(self.name, self.init, problem, "a map Posterior of this model")
         if problem.spec.kind == "unsupervised":
             raise OptionError(f"{self.name}: models with local latents are fitted with svi")
         if not problem.is_declarative:
