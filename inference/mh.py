@@ -86,11 +86,11 @@ class MH(_WhitenedChains):
 
         return jax.lax.fori_loop(0, self.thinning, body, state)
 
-    def _record(self, state) -> dict:
+    def _record(self, state, draws_done: int) -> dict:
         _, (_, log_scale, accepted) = state
         return {
             "proposal_scale": np.exp(np.asarray(log_scale)),
-            "accept_rate": np.asarray(accepted) / (self.num_samples * self.thinning),
+            "accept_rate": np.asarray(accepted) / max(draws_done * self.thinning, 1),
         }
 
 

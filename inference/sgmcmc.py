@@ -178,8 +178,8 @@ class _WhitenedChains(Method):
     def _init_extra(self, problem, white, z):
         return ()
 
-    def _record(self, state) -> dict:
-        """Entries for ``info`` from the final state."""
+    def _record(self, state, draws_done: int) -> dict:
+        """Entries for ``info`` from the final state, after ``draws_done`` stored draws."""
         return {}
 
 
@@ -196,12 +196,13 @@ class _WhitenedChains(Method):
         plan = self._plan()
         steps = jnp.asarray(step, dtype)
         state = _initial(self, problem, white, starts)
-        keys = jax.random.split(run_key, self.num_chains)
+        # separate streams for warmup and sampling, whatever their lengths
+        warm_keys, keys = (jax.random.split(k, self.num_chains) for k in jax.random.split(run_key))
         draws, done = [], 0
         label = f"{self.name} ({self.num_chains} chains)"
         with _progress.task(label, plan["warmup_calls"] + self.num_samples), _interrupt.guard():
             if plan["warmup_calls"]:
-                state = _warm(self, problem, white, batch, state, keys, steps, plan["warmup_calls"])
+                state = _warm(self, problem, white, batch, state, warm_keys, steps, plan["warmup_calls"])
                 _check_finite(self, state[0], "warmup", 0)
                 _progress.advance(plan["warmup_calls"])
             while done < self.num_samples and not _interrupt.requested():
@@ -229,7 +230,7 @@ class _WhitenedChains(Method):
         inflation = self._inflation(step if plan.get("sampling_step") is None else plan["sampling_step"](step), curvature, noise)
         if inflation is not None:
             info["variance_inflation"] = inflation
-        info.update(self._record(state))
+        info.update(self._record(state, done))
         return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat, info=info)
 
     def _plan(self) -> dict:
@@ -311,7 +312,7 @@ def _sample(method, problem, white, batch, state, keys, step, offset, count: int
     """``count`` draws per chain, returned in u (the chains run in z)."""
     def chain(state, key):
         def body(s, d):
-            s = method._draw(problem, white, batch, s, jax.random.fold_in(key, 1_000_000 + offset + d), step, offset + d)
+            s = method._draw(problem, white, batch, s, jax.random.fold_in(key, offset + d), step, offset + d)
             return s, white.to_u(s[0])
 
         return jax.lax.scan(body, state, jnp.arange(count))
@@ -446,8 +447,10 @@ class CyclicalSGLD(_SGMCMC):
         cycle, j = index // per_cycle, index % per_cycle
         first = cycle * length + explore + j * self.thinning  # the global step index of this draw's first step
 
+        explore_key, key = jax.random.split(key)
+
         def explore_body(i, s):
-            return self._transition(problem, white, batch, s, jax.random.fold_in(key, 10_000 + i), step0, cycle * length + i)
+            return self._transition(problem, white, batch, s, jax.random.fold_in(explore_key, i), step0, cycle * length + i)
 
         # at a cycle's first draw, run its exploration stage first
         state = jax.lax.cond(j == 0, lambda s: jax.lax.fori_loop(0, explore, explore_body, s), lambda s: s, state)
