@@ -182,7 +182,6 @@ class _WhitenedChains(Method):
         """Entries for ``info`` from the final state, after ``draws_done`` stored draws."""
         return {}
 
-
     def run(self, key, problem) -> Posterior:
         self.check(problem)
         start_key, curve_key, run_key = jax.random.split(key, 3)
@@ -206,9 +205,10 @@ class _WhitenedChains(Method):
                 _check_finite(self, state[0], "warmup", 0)
                 _progress.advance(plan["warmup_calls"])
             while done < self.num_samples and not _interrupt.requested():
+                # full chunks share one compiled program; a shorter last chunk compiles once more, so
+                # the chains never step past the draws they store
                 count = min(DRAWS_PER_CHUNK, self.num_samples - done)
-                state, chunk = _sample(self, problem, white, batch, state, keys, steps, jnp.asarray(done), DRAWS_PER_CHUNK)
-                chunk = chunk[:, :count]
+                state, chunk = _sample(self, problem, white, batch, state, keys, steps, jnp.asarray(done), count)
                 _check_finite(self, chunk, "sampling", done, partial=draws, problem=problem)
                 draws.append(chunk)
                 done += count
