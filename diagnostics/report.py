@@ -241,9 +241,9 @@ def compute_diagnostics(posterior) -> Diagnostics:
     inflation = info.get("variance_inflation")
     if inflation is not None and inflation > THRESHOLDS["variance_inflation"]:
         fail(
-            f"the step size inflates the stationary variance by a predicted factor {inflation:.2f} (standard deviations "
-            f"{np.sqrt(inflation):.2f}×) against the posterior's: the draws are too spread out — lower step_size, or leave "
-            "it None for the automatic choice"
+            f"the step size and the minibatch gradient noise inflate the stationary variance by a predicted factor "
+            f"{inflation:.3g} (standard deviations {np.sqrt(inflation):.3g}×) against the posterior's: the draws are too "
+            "spread out — lower step_size, raise batch_size, or check the data for outliers"
         )
     if "log_evidence" in info:
         record.log_evidence = float(info["log_evidence"])
