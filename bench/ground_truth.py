@@ -60,7 +60,7 @@ def main() -> None:
               f"{np.max(np.abs(np.asarray(q.mean) - truth['mean']) / np.sqrt(target_var)):.4f}, "
               f"variance ratio to its target in [{var_ratio.min():.3f}, {var_ratio.max():.3f}], "
               f"ELBO − log Z = {diag.elbo - truth['log_evidence']:.4f}, k-hat = {diag.khat:.2f}, "
-              f"converged = {post.info['converged']}")
+              f"converged = {post.status.converged}")
     print(f"  (exact / mean-field-optimum variance ratio of the weights: "
           f"{np.round(np.diag(truth['cov'])[:-1] * np.diag(truth['precision'])[:-1], 2)})")
 

@@ -52,7 +52,7 @@ def main() -> None:
         timer.start()
         try:
             post = ppl.fit(model, data.train, method=method, seed=0, **options)
-            done = post.info.get("steps_done")
+            done = post.status.steps_done
         except ppl.Interrupted as stop:  # still in warmup: nothing to return but the state
             done = f"{stop.resume_state.progress['steps_done']} (warmup)"
         finally:

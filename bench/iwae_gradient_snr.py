@@ -74,8 +74,8 @@ def main() -> None:
     post = ppl.fit(VAE(latent_dim=4, hidden=(64,)), X, method="svi", seed=0, steps=1000, batch_size=128)
     problem = post.problem
     print(f"fitted VAE(latent_dim=4, hidden=(64,)) on digits_binary ({X.shape[0]} rows) in "
-          f"{time.perf_counter() - start:.1f} s: ELBO {post.info['elbo_estimate']:.1f}, "
-          f"IWAE_100 {post.info['iwae_estimate']:.1f}")
+          f"{time.perf_counter() - start:.1f} s: ELBO {post.evidence.elbo:.1f}, "
+          f"IWAE_100 {post.evidence.iwae:.1f}")
 
     loc = post.approximation.loc
     global_params = {"shift": loc, "frame_scale": jnp.ones_like(loc), "loc": jnp.zeros_like(loc)}

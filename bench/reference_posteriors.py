@@ -70,7 +70,7 @@ def run_one(case, method_label: str, data: dict, reference: dict) -> dict:
     else:
         khat_value = diagnostics.khat
         khat = "—" if khat_value is None else f"{khat_value:.2f}"
-        converged = post.info.get("converged")
+        converged = post.status.converged
         diag = f"k-hat {khat}" + ("" if converged is None else f", loss {'converged' if converged else 'NOT converged'}")
     return {
         "worst_mean": worst_mean,

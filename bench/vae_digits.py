@@ -79,7 +79,7 @@ def main() -> None:
         fit_time = time.perf_counter() - start
         test = vae_report(post, X_test, seed=1, gap_points=GAP_POINTS)
         train = vae_report(post, X_train[: X_test.shape[0]], seed=1, gap_points=0)
-        results[label] = (fit_time, test, train, bool(post.info.get("converged")))
+        results[label] = (fit_time, test, train, bool(post.status.converged))
         print(f"  {label}: fitted in {fit_time:.1f} s, reported in {time.perf_counter() - start - fit_time:.1f} s", flush=True)
 
     header = (

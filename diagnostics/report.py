@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppl._results import THRESHOLDS, Diagnostics, finite_or_none
+from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics import _arviz
 from ppl.diagnostics.convergence import max_rhat, min_ess
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
@@ -21,150 +21,198 @@ def _has_hidden_layers(problem) -> bool:
     return problem.is_declarative and len(problem.layers()) > 1
 
 
+class _Findings:
+    """What the diagnostics found, as they go: a structured :class:`Check` for every threshold
+    tested (``ok`` is their conjunction), advisory warnings that fail nothing, and notes on fields
+    that do not apply."""
+
+    def __init__(self, record: Diagnostics):
+        self.record = record
+
+    def check(self, field: str, value, threshold, passed: bool, message: str) -> bool:
+        """Record one test; ``message`` says what was found and what to do, and is shown when it failed."""
+        self.record.checks.append(Check(field, value, threshold, bool(passed), "" if passed else message))
+        if not passed:
+            self.record.warnings.append(message)
+        return bool(passed)
+
+    def warn(self, message: str) -> None:
+        self.record.warnings.append(message)
+
+    def note(self, fields, why: str) -> None:
+        for field in (fields,) if isinstance(fields, str) else fields:
+            self.record.notes[field] = why
+
+
+_CHAIN_FIELDS = ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min")
+
+
 def compute_diagnostics(posterior) -> Diagnostics:
-    info, problem = posterior.info, posterior.problem
+    """The uniform record: the checks that apply to the posterior's declared kind, then those of
+    its run records (how the run ended, its approximation's fit, PSIS-LOO)."""
     record = Diagnostics(
         method=posterior.method,
         num_chains=posterior.num_chains,
         num_draws=posterior.num_draws,
         wall_time_s=posterior.wall_time_s,
     )
-    notes, warnings = record.notes, record.warnings
-    total_draws = posterior.num_chains * posterior.num_draws
+    found = _Findings(record)
+    nonfinite = _nonfinite_draws(posterior)
+    found.check(
+        "draws", nonfinite, 0, nonfinite == 0,
+        f"{nonfinite} draw(s) hold NaN or inf: the run is broken and its summaries are not assessed — check the "
+        "model's log density for overflow or invalid parameter values",
+    )
     # What the draws are is declared by the method (Posterior.kind), never guessed from their layout:
     # an ensemble's members sit on the chain axis but are not Markov chains.
-    is_sampler = posterior.kind == "chains"
+    if posterior.kind == "chains":
+        _chain_checks(posterior, found, nonfinite)
+    elif posterior.kind == "members":
+        _member_notes(posterior, record.notes)
+    else:
+        found.note(_CHAIN_FIELDS, (
+            "a point estimate has no spread to diagnose" if not posterior.has_density
+            else "draws are independent samples from the fitted approximation q, not Markov chains"
+        ))
+    _transition_checks(posterior.chain_stats, found)
+    log_ratios = _density_checks(posterior, found)
+    _run_checks(posterior, found)
+    _loo(posterior, found, nonfinite, log_ratios)
+    record.ok = all(c.passed for c in record.checks)
+    return record
 
-    failed: list[str] = []  # the checks that set ok = False (each also has a warning)
 
-    def fail(message: str) -> None:
-        warnings.append(message)
-        failed.append(message)
-
-    nonfinite = _nonfinite_draws(posterior)
+def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
+    """Markov chains: R-hat and ESS in weight and function space, stuck chains."""
+    record, problem = found.record, posterior.problem
     if nonfinite:
-        fail(
-            f"{nonfinite} draw(s) hold NaN or inf: the run is broken and its summaries are not assessed — check the "
-            "model's log density for overflow or invalid parameter values"
+        found.note(_CHAIN_FIELDS, "not assessed: the draws hold NaN or inf")
+        return
+    if posterior.num_draws < MIN_CHAIN_DRAWS:
+        found.note(_CHAIN_FIELDS, f"not assessed: R-hat and ESS need at least {MIN_CHAIN_DRAWS} draws per chain")
+        found.check(
+            "num_draws", posterior.num_draws, MIN_CHAIN_DRAWS, False,
+            f"only {posterior.num_draws} draw(s) per chain: too few to assess convergence — raise num_samples",
         )
-
-    # -- Markov-chain convergence ------------------------------------------------------------------
-    if is_sampler and nonfinite:
-        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
-            notes[field] = "not assessed: the draws hold NaN or inf"
-    elif is_sampler and posterior.num_draws < MIN_CHAIN_DRAWS:
-        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
-            notes[field] = f"not assessed: R-hat and ESS need at least {MIN_CHAIN_DRAWS} draws per chain"
-        fail(
-            f"only {posterior.num_draws} draw(s) per chain: too few to assess convergence — raise num_samples"
+        return
+    arrays = list(posterior.draws.values())
+    multi_chain = posterior.num_chains >= 2
+    record.rhat_max = max_rhat(arrays) if multi_chain else None
+    record.ess_bulk_min = min_ess(arrays, "bulk")
+    record.ess_tail_min = min_ess(arrays, "tail")
+    functions = posterior.function_draws()
+    if functions is not None and multi_chain:
+        record.rhat_function_max = max_rhat([functions])
+    elif functions is None:
+        found.note("rhat_function_max", "plain NumPyro program: no network outputs to probe")
+    symmetric = _has_hidden_layers(problem)
+    if not multi_chain:
+        found.note(("rhat_max", "rhat_function_max"), "R-hat compares chains: run num_chains ≥ 2")
+    elif symmetric:
+        found.note("rhat_max", (
+            "weight-space R-hat of a network with hidden layers is inflated by permutation and sign "
+            "symmetries even for a perfect sampler; judge convergence by rhat_function_max"
+        ))
+    # Without hidden layers weights are identifiable and both R-hats count; with them, only the
+    # function-space one does.
+    for field, label in (("rhat_function_max", "function-space R-hat"), ("rhat_max", "R-hat")):
+        value = getattr(record, field)
+        if value is None or (symmetric and field == "rhat_max"):
+            continue
+        found.check(
+            field, value, THRESHOLDS["rhat"], value <= THRESHOLDS["rhat"],
+            f"{label} {value:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer (num_warmup, num_samples) "
+            "or reparameterise",
         )
-    elif is_sampler:
-        arrays = list(posterior.draws.values())
-        multi_chain = posterior.num_chains >= 2
-        record.rhat_max = max_rhat(arrays) if multi_chain else None
-        record.ess_bulk_min = min_ess(arrays, "bulk")
-        record.ess_tail_min = min_ess(arrays, "tail")
-        functions = posterior.function_draws()
-        if functions is not None and multi_chain:
-            record.rhat_function_max = max_rhat([functions])
-        elif functions is None:
-            notes["rhat_function_max"] = "plain NumPyro program: no network outputs to probe"
-        symmetric = _has_hidden_layers(problem)
-        if not multi_chain:
-            notes["rhat_max"] = notes["rhat_function_max"] = "R-hat compares chains: run num_chains ≥ 2"
-        elif symmetric:
-            notes["rhat_max"] = (
-                "weight-space R-hat of a network with hidden layers is inflated by permutation and sign "
-                "symmetries even for a perfect sampler; judge convergence by rhat_function_max"
-            )
-        # Without hidden layers weights are identifiable and both R-hats count; with them, only the
-        # function-space one does. One warning names the worst.
-        candidates = [("function-space R-hat", record.rhat_function_max)]
-        if not symmetric:
-            candidates.append(("R-hat", record.rhat_max))
-        label, worst = max(((n, v) for n, v in candidates if v is not None), key=lambda c: c[1], default=(None, None))
-        if worst is not None and worst > THRESHOLDS["rhat"]:
-            fail(
-                f"{label} {worst:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer "
-                "(num_warmup, num_samples) or reparameterise"
-            )
-        ess_needed = THRESHOLDS["ess_per_chain"] * posterior.num_chains
+    ess_needed = THRESHOLDS["ess_per_chain"] * posterior.num_chains
+    if not symmetric:
         for field, label in (("ess_bulk_min", "bulk"), ("ess_tail_min", "tail")):
             value = getattr(record, field)
-            if value is not None and value < ess_needed and not symmetric:
-                fail(
-                    f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — draw more samples"
+            if value is not None:
+                found.check(
+                    field, value, ess_needed, value >= ess_needed,
+                    f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — draw more samples",
                 )
-        if symmetric:
-            notes["ess_bulk_min"] = notes["ess_tail_min"] = "weight-space ESS; see the note on rhat_max"
-            if functions is not None:
-                # Weight-space ESS says nothing for such networks; the network's outputs still must
-                # be sampled well enough, with one chain as with several.
-                for label in ("bulk", "tail"):
-                    value = min_ess([functions], label)
-                    if value is None:
-                        continue
-                    notes[f"ess_{label}_min"] += f"; function-space {label} ESS {value:.0f}"
-                    if value < ess_needed:
-                        fail(
-                            f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): the network's "
-                            "outputs are estimated from too few effective draws — draw more samples"
-                        )
-        stuck = _stuck_chains(posterior)
-        if stuck:
-            fail(
-                f"chain(s) {', '.join(map(str, stuck))} never moved in some parameters (constant draws): the sampler "
-                "is stuck — check the initial values and the step size (divergences), or reparameterise"
-            )
-    elif posterior.kind == "members":
-        _member_notes(posterior, notes)
     else:
-        why = (
-            "a point estimate has no spread to diagnose"
-            if not posterior.has_density
-            else "draws are independent samples from the fitted approximation q, not Markov chains"
-        )
-        for field in ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min"):
-            notes[field] = why
+        found.note(("ess_bulk_min", "ess_tail_min"), "weight-space ESS; see the note on rhat_max")
+        if functions is not None:
+            # Weight-space ESS says nothing for such networks; the network's outputs still must
+            # be sampled well enough, with one chain as with several.
+            for label in ("bulk", "tail"):
+                value = min_ess([functions], label)
+                if value is None:
+                    continue
+                record.notes[f"ess_{label}_min"] += f"; function-space {label} ESS {value:.0f}"
+                found.check(
+                    f"function_ess_{label}_min", value, ess_needed, value >= ess_needed,
+                    f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): the network's outputs "
+                    "are estimated from too few effective draws — draw more samples",
+                )
+    stuck = _stuck_chains(posterior)
+    found.check(
+        "stuck_chains", len(stuck), 0, not stuck,
+        f"chain(s) {', '.join(map(str, stuck))} never moved in some parameters (constant draws): the sampler is "
+        "stuck — check the initial values and the step size (divergences), or reparameterise",
+    )
 
-    if "diverging" in info:
-        record.divergences = int(info["divergences"])
-        if record.divergences > THRESHOLDS["divergences"]:
-            fail(
-                f"{record.divergences} divergent transitions after warmup: the sampler missed part of the "
-                "posterior — raise target_accept or reparameterise"
-            )
+
+def _transition_checks(stats, found: _Findings) -> None:
+    """Per-transition statistics of Markov chains: divergences, tree depth, E-BFMI, and the
+    predicted variance inflation of a stochastic-gradient chain."""
+    record = found.record
+    if stats is None or stats.diverging is None:
+        found.note("divergences", "only Hamiltonian samplers diverge")
     else:
-        notes["divergences"] = "only Hamiltonian samplers diverge"
-    if "tree_depth_hits" in info:
-        record.tree_depth_hits = int(info["tree_depth_hits"])
+        record.divergences = stats.divergences
+        found.check(
+            "divergences", record.divergences, THRESHOLDS["divergences"], record.divergences <= THRESHOLDS["divergences"],
+            f"{record.divergences} divergent transitions after warmup: the sampler missed part of the posterior — "
+            "raise target_accept or reparameterise",
+        )
+    if stats is None or stats.tree_depth_hits is None:
+        found.note("tree_depth_hits", "only NUTS builds trees")
+    else:
+        record.tree_depth_hits = stats.tree_depth_hits
         if record.tree_depth_hits:
-            warnings.append(
-                f"{record.tree_depth_hits} transitions hit max_tree_depth={info['max_tree_depth']}: "
-                "an efficiency problem, not a validity one — raise max_tree_depth or use dense_mass"
+            found.warn(
+                f"{record.tree_depth_hits} transitions hit max_tree_depth={stats.max_tree_depth}: an efficiency "
+                "problem, not a validity one — raise max_tree_depth or use dense_mass"
             )
-    else:
-        notes["tree_depth_hits"] = "only NUTS builds trees"
-    if info.get("leapfrog_cap_hits"):
-        warnings.append(
-            f"{info['leapfrog_cap_hits']} transitions were cut at {info['max_leapfrog_steps']} leapfrog steps: the "
-            "adapted step size is tiny against trajectory_length, so the posterior is badly scaled — rescale the "
-            "parameters or data, or use nuts"
+    if stats is not None and stats.leapfrog_cap_hits:
+        found.warn(
+            f"{stats.leapfrog_cap_hits} transitions were cut at {stats.leapfrog_cap} leapfrog steps: the adapted step "
+            "size is tiny against trajectory_length, so the posterior is badly scaled — rescale the parameters or "
+            "data, or use nuts"
         )
-    if "energy" in info and np.shape(info["energy"])[-1] >= 2:
-        record.ebfmi_min = finite_or_none(np.min(ebfmi(np.asarray(info["energy"], dtype=float))))
-        if record.ebfmi_min is not None and record.ebfmi_min < THRESHOLDS["ebfmi"]:
-            fail(
+    if stats is not None and stats.energy is not None and np.shape(stats.energy)[-1] >= 2:
+        record.ebfmi_min = finite_or_none(np.min(ebfmi(np.asarray(stats.energy, dtype=float))))
+        if record.ebfmi_min is None:
+            found.note("ebfmi_min", "the energies are constant or not finite")
+        else:
+            found.check(
+                "ebfmi_min", record.ebfmi_min, THRESHOLDS["ebfmi"], record.ebfmi_min >= THRESHOLDS["ebfmi"],
                 f"E-BFMI {record.ebfmi_min:.2f} < {THRESHOLDS['ebfmi']}: the momentum resampling barely moves the "
-                "energy, so the sampler explores the posterior's tails poorly (a funnel-like geometry) — reparameterise "
-                "(non-centred), or rescale the parameters"
+                "energy, so the sampler explores the posterior's tails poorly (a funnel-like geometry) — "
+                "reparameterise (non-centred), or rescale the parameters",
             )
-        elif record.ebfmi_min is None:
-            notes["ebfmi_min"] = "the energies are constant or not finite"
     else:
-        notes["ebfmi_min"] = "only Hamiltonian samplers record energies"
+        found.note("ebfmi_min", "only Hamiltonian samplers record energies")
+    inflation = None if stats is None else stats.variance_inflation
+    if inflation is not None:
+        found.check(
+            "variance_inflation", inflation, THRESHOLDS["variance_inflation"],
+            inflation <= THRESHOLDS["variance_inflation"],
+            f"the step size and the minibatch gradient noise inflate the stationary variance by a predicted factor "
+            f"{inflation:.3g} (standard deviations {np.sqrt(inflation):.3g}×) against the posterior's: the draws are "
+            "too spread out — lower step_size, raise batch_size, or check the data for outliers",
+        )
 
-    # -- the approximation against the target --------------------------------------------------------
+
+def _density_checks(posterior, found: _Findings):
+    """The approximation q against the target: ELBO, IWAE and PSIS k-hat. Returns the log density
+    ratios log p − log q of the draws (None without a density)."""
+    record, notes, evidence = found.record, found.record.notes, posterior.evidence
+    total_draws = posterior.num_chains * posterior.num_draws
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
         record.elbo = finite_or_none(np.mean(log_ratios))
@@ -175,128 +223,140 @@ def compute_diagnostics(posterior) -> Diagnostics:
             record.iwae = finite_or_none(np.mean(logsumexp(grouped, axis=1) - np.log(IWAE_K)))
         else:
             notes["iwae"] = f"IWAE with K={IWAE_K} needs at least {IWAE_K} draws; raise num_draws"
-    elif "elbo_estimate" in info:
+    elif evidence is not None and evidence.elbo is not None:
         # A model with local latents: the bounds on log p(D) were estimated after training with
         # fresh draws of each datum's latents (svi records them).
-        record.elbo = finite_or_none(info["elbo_estimate"])
-        record.iwae = finite_or_none(info["iwae_estimate"])
-    if log_ratios is not None and total_draws < MIN_PSIS_DRAWS:
-        notes["khat"] = notes["khat_threshold"] = f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws"
-    elif log_ratios is not None:
-        record.khat_threshold = khat_threshold(total_draws)
-        if not np.all(np.isfinite(log_ratios)):
-            record.khat = float("inf")
-            notes["khat"] = "log p − log q is not finite for some draws of q"
-        elif np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
-            if info.get("closed_form"):
-                # q is the exact posterior (a closed form): the ratios are constant by construction.
-                record.khat = float("-inf")
-                notes["khat"] = "log p − log q is constant over the draws: q is the exact posterior (closed form)"
-            elif _equals_target(log_ratios, posterior._cache.get("log_q", np.zeros(1))):
-                # q spreads (its own density varies over its draws) and still matches the target up
-                # to a constant at every draw: q is the posterior (a Gaussian guide on a Gaussian
-                # posterior). Importance weights are all equal; there is no tail to fit.
-                record.khat = float("-inf")
-                notes["khat"] = "log p − log q is constant over q's spread-out draws: q equals the posterior"
-            else:
-                # Draws that do not vary (a spread collapsed below rounding) also give constant
-                # ratios; that q is degenerate. So is a target so large in magnitude that its
-                # differences across q's draws fall below float resolution.
-                record.khat = float("inf")
-                notes["khat"] = "log p − log q is constant over the draws: q is degenerate (its spread is ~0)"
-                fail(
-                    "log p − log q is constant over q's draws, which only a closed-form posterior achieves: q is "
-                    "degenerate (collapsed scales, or draws that do not vary) and its uncertainty is meaningless — "
-                    "lower learning_rate or use more steps"
-                )
-        else:
-            record.khat = khat(log_ratios)
-        if record.khat > record.khat_threshold and not notes.get("khat", "").endswith("(its spread is ~0)"):
-            fail(
-                f"PSIS k-hat {record.khat:.2f} > {record.khat_threshold:.2f}: the approximation q misses the "
-                "posterior's tails — do not trust its uncertainty; try a richer guide or NUTS"
-            )
+        record.elbo, record.iwae = finite_or_none(evidence.elbo), finite_or_none(evidence.iwae)
+    if evidence is not None and evidence.log_evidence is not None:
+        record.log_evidence = float(evidence.log_evidence)
     else:
+        notes["log_evidence"] = "only closed-form methods give the log evidence"
+    if log_ratios is None:
         reason = {
             "chains": "samplers have no density q(θ)", "members": "an ensemble of optima has no density q(θ)",
         }.get(posterior.kind, "a point estimate has no density")
         if posterior.problem is not None and posterior.problem.local_sites:
             reason = "the model has local latents: see ppl.diagnostics.vae_report for per-datum k-hat"
-        notes["khat"] = notes["khat_threshold"] = reason
+        found.note(("khat", "khat_threshold"), reason)
         if record.elbo is None:
-            notes["elbo"] = notes["iwae"] = reason
-        log_ratios = None
-    if info.get("kl_warmup"):
-        warmup, done = int(info["kl_warmup"]), int(info.get("steps_done", len(info.get("losses", ()))))
-        if done < warmup:
-            fail(
-                f"the run stopped during KL warm-up (step {done} of {warmup}): it optimised a down-weighted prior/KL "
-                "side, not the bound — resume it or train longer than kl_warmup"
-            )
+            found.note(("elbo", "iwae"), reason)
+        return None
+    if total_draws < MIN_PSIS_DRAWS:
+        found.note(("khat", "khat_threshold"), f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws")
+        return log_ratios
+    record.khat_threshold = khat_threshold(total_draws)
+    degenerate = False
+    if not np.all(np.isfinite(log_ratios)):
+        record.khat = float("inf")
+        notes["khat"] = "log p − log q is not finite for some draws of q"
+    elif np.ptp(log_ratios) <= 1e-10 * max(1.0, float(np.abs(log_ratios).max())):
+        if evidence is not None and evidence.closed_form:
+            # q is the exact posterior (a closed form): the ratios are constant by construction.
+            record.khat = float("-inf")
+            notes["khat"] = "log p − log q is constant over the draws: q is the exact posterior (closed form)"
+        elif _equals_target(log_ratios, posterior._cache.get("log_q", np.zeros(1))):
+            # q spreads (its own density varies over its draws) and still matches the target up
+            # to a constant at every draw: q is the posterior (a Gaussian guide on a Gaussian
+            # posterior). Importance weights are all equal; there is no tail to fit.
+            record.khat = float("-inf")
+            notes["khat"] = "log p − log q is constant over q's spread-out draws: q equals the posterior"
         else:
-            record.warnings.append(
+            # Draws that do not vary (a spread collapsed below rounding) also give constant
+            # ratios; that q is degenerate. So is a target so large in magnitude that its
+            # differences across q's draws fall below float resolution.
+            degenerate = True
+            record.khat = float("inf")
+            notes["khat"] = "log p − log q is constant over the draws: q is degenerate (its spread is ~0)"
+            found.check(
+                "khat", record.khat, record.khat_threshold, False,
+                "log p − log q is constant over q's draws, which only a closed-form posterior achieves: q is "
+                "degenerate (collapsed scales, or draws that do not vary) and its uncertainty is meaningless — "
+                "lower learning_rate or use more steps",
+            )
+    else:
+        record.khat = khat(log_ratios)
+    if not degenerate:
+        found.check(
+            "khat", record.khat, record.khat_threshold, record.khat <= record.khat_threshold,
+            f"PSIS k-hat {record.khat:.2f} > {record.khat_threshold:.2f}: the approximation q misses the posterior's "
+            "tails — do not trust its uncertainty; try a richer guide or NUTS",
+        )
+    return log_ratios
+
+
+def _run_checks(posterior, found: _Findings) -> None:
+    """How the run ended: failed, interrupted, not converged, stopped during KL warm-up."""
+    status, trace = posterior.status, posterior.trace
+    found.check(
+        "status.failed", status.failed or None, None, not status.failed,
+        f"the run failed and this is its last finite state: {status.failed}",
+    )
+    done = (f"{status.chains_done} chain(s) finished" if status.chains_done is not None
+            else f"{status.steps_done} steps done")
+    found.check(
+        "status.interrupted", status.interrupted, None, not status.interrupted,
+        f"the run was interrupted (Ctrl-C): this is a partial result — {done}",
+    )
+    if status.converged is not None:
+        found.check(
+            "status.converged", status.converged, None, status.converged,
+            f"the optimisation did not converge: {status.convergence or 'the loss did not settle'} — raise steps, "
+            "or adjust learning_rate",
+        )
+    if trace is not None and trace.kl_warmup:
+        warmup = int(trace.kl_warmup)
+        steps = int(status.steps_done if status.steps_done is not None else np.shape(trace.losses)[-1])
+        if found.check(
+            "trace.kl_warmup", steps, warmup, steps >= warmup,
+            f"the run stopped during KL warm-up (step {steps} of {warmup}): it optimised a down-weighted prior/KL "
+            "side, not the bound — resume it or train longer than kl_warmup",
+        ):
+            found.warn(
                 f"KL warm-up weighted the prior/KL side below its value for the first {warmup} steps: losses recorded "
                 "then are not the bound (the final objective is)"
             )
-    inflation = info.get("variance_inflation")
-    if inflation is not None and inflation > THRESHOLDS["variance_inflation"]:
-        fail(
-            f"the step size and the minibatch gradient noise inflate the stationary variance by a predicted factor "
-            f"{inflation:.3g} (standard deviations {np.sqrt(inflation):.3g}×) against the posterior's: the draws are too "
-            "spread out — lower step_size, raise batch_size, or check the data for outliers"
-        )
-    if "log_evidence" in info:
-        record.log_evidence = float(info["log_evidence"])
-    else:
-        notes["log_evidence"] = "only closed-form methods give the log evidence"
-    if info.get("failed"):
-        fail(f"the run failed and this is its last finite state: {info['failed']}")
-    if info.get("interrupted"):
-        fail(
-            "the run was interrupted (Ctrl-C): this is a partial result — "
-            + (f"{info['chains_done']} chain(s) finished" if "chains_done" in info else f"{info.get('steps_done')} steps done")
-        )
-    if info.get("converged") is False:
-        fail(
-            f"the optimisation did not converge: {info.get('convergence', 'the loss did not settle')} — raise steps, "
-            "or adjust learning_rate"
-        )
 
-    # -- PSIS-LOO ------------------------------------------------------------------------------------
+
+def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
+    """PSIS-LOO: its elpd and the worst Pareto k. Unreliable LOO warns; it does not fail ``ok``
+    (it is a statement about the estimate of predictive fit, not about the posterior)."""
+    record, problem = found.record, posterior.problem
+    total_draws = posterior.num_chains * posterior.num_draws
     loo_unavailable = problem.spec.no_pointwise_reason
+    fields = ("elpd_loo", "loo_khat_max")
     if nonfinite:
-        notes["elpd_loo"] = notes["loo_khat_max"] = "not assessed: the draws hold NaN or inf"
-    elif total_draws == 1:
-        notes["elpd_loo"] = notes["loo_khat_max"] = "PSIS-LOO needs posterior draws; a point estimate has one"
-    elif total_draws < MIN_PSIS_DRAWS:
-        notes["elpd_loo"] = notes["loo_khat_max"] = f"PSIS-LOO needs at least {MIN_PSIS_DRAWS} draws"
-    elif loo_unavailable is not None:
-        notes["elpd_loo"] = notes["loo_khat_max"] = loo_unavailable
+        found.note(fields, "not assessed: the draws hold NaN or inf")
+        return
+    if total_draws == 1:
+        found.note(fields, "PSIS-LOO needs posterior draws; a point estimate has one")
+        return
+    if total_draws < MIN_PSIS_DRAWS:
+        found.note(fields, f"PSIS-LOO needs at least {MIN_PSIS_DRAWS} draws")
+        return
+    if loo_unavailable is not None:
+        found.note(fields, loo_unavailable)
+        return
+    loglik = posterior.pointwise_log_likelihood()
+    flat = loglik.reshape(total_draws, -1)
+    if posterior.kind == "chains":
+        elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
     else:
-        loglik = posterior.pointwise_log_likelihood()
-        flat = loglik.reshape(total_draws, -1)
-        if is_sampler:
-            elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
-        else:
-            usable = record.khat is not None and record.khat <= record.khat_threshold
-            elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
-            if not usable and log_ratios is not None:
-                notes["elpd_loo"] = (
-                    "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
-                )
-        record.elpd_loo = finite_or_none(elpd)
-        record.loo_khat_max = None if np.isnan(np.max(k)) else float(np.max(k))
-        if record.loo_khat_max == float("-inf"):
-            notes["loo_khat_max"] = "every observation's importance weights are bounded (no Pareto tail to fit)"
-        if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
-            bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
-            warnings.append(
-                f"PSIS-LOO k-hat > 0.7 for {bad} observation(s): elpd_loo is unreliable for them — "
-                "use K-fold cross-validation or more draws"
+        usable = record.khat is not None and record.khat <= record.khat_threshold
+        elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
+        if not usable and log_ratios is not None:
+            record.notes["elpd_loo"] = (
+                "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
             )
-
-    record.ok = not failed
-    return record
+    record.elpd_loo = finite_or_none(elpd)
+    record.loo_khat_max = None if np.isnan(np.max(k)) else float(np.max(k))
+    if record.loo_khat_max == float("-inf"):
+        record.notes["loo_khat_max"] = "every observation's importance weights are bounded (no Pareto tail to fit)"
+    if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
+        bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
+        found.warn(
+            f"PSIS-LOO k-hat > 0.7 for {bad} observation(s): elpd_loo is unreliable for them — "
+            "use K-fold cross-validation or more draws"
+        )
 
 
 def _member_notes(posterior, notes: dict) -> None:
@@ -358,15 +418,14 @@ def _dims(posterior, loglik_name: str) -> dict:
 
 def to_inference_data(posterior):
     """ArviZ InferenceData: posterior, sample_stats, log_likelihood, observed_data, named dims."""
-    info, problem = posterior.info, posterior.problem
+    problem, chain_stats = posterior.problem, posterior.chain_stats
     stats = {}
-    if "diverging" in info:
-        stats = {
-            "diverging": info["diverging"],
-            "n_steps": info["num_steps"],
-            "acceptance_rate": info["accept_prob"],
-            "energy": info["energy"],
-        }
+    if chain_stats is not None:
+        # ArviZ's names for the per-transition statistics (chain, draw)
+        for name, value in (("diverging", chain_stats.diverging), ("n_steps", chain_stats.num_steps),
+                            ("acceptance_rate", chain_stats.accept_prob), ("energy", chain_stats.energy)):
+            if value is not None and np.shape(value) == (posterior.num_chains, posterior.num_draws):
+                stats[name] = np.asarray(value)
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
         stats["log_ratio"] = log_ratios.reshape(posterior.num_chains, posterior.num_draws)

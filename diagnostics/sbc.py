@@ -524,7 +524,7 @@ def sbc(
                     "fixed-shape programs"
                 )
             post = fit(model_fn, {**data, observed: y_sim}, method=method, seed=fit_key, **method_options)
-            if post.info.get("interrupted"):
+            if post.status.interrupted:
                 # A fit stopped by Ctrl-C returns what it had; ranks against it would be meaningless.
                 raise KeyboardInterrupt(f"sbc interrupted during simulation {i} of {num_simulations}")
             if i == 0:

@@ -120,7 +120,7 @@ def main(argv=None) -> dict:
     train, test = make_data(seed=args.seed)
     runs = fit_all(train, args.seed)
     text = table(runs, test)
-    grad = runs["MAP"]["post"].info.get("grad_norm")
+    grad = runs["MAP"]["post"].trace.grad_norm
     note = f"\n\nMAP gradient norm at the returned point: {grad:.2e} (a stationary point, where Newton's method stops).\n"
     (out / "logistic_2d_table.md").write_text(text + note)
     figure(runs, train, out / "logistic_2d.png")

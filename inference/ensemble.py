@@ -76,19 +76,9 @@ class Ensemble(MAP):
                     losses[m], self.steps, moved=_moved(starts[m], params[m]), gradient=(start_norms[m], final_norm),
                     stochastic=config.batch_size is not None,
                 ))
-            failed = [f"member {m}: {j['convergence']}" for m, j in enumerate(judged) if not j["converged"]]
-            info = {
-                "losses": losses,
-                "optimizer": config.optimizer,
-                "final_loss": np.asarray([np.nan if j["final_loss"] is None else j["final_loss"] for j in judged]),
-                "member_converged": np.asarray([j["converged"] for j in judged]),
-                "converged": not failed,
-                "convergence": "; ".join(failed) or "settled",
-                "interrupted": judged[0]["interrupted"],
-                "steps_done": judged[0]["steps_done"],
-            }
             return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :], info=info,
+                method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :],
+                **members_record(judged, losses), info={"optimizer": config.optimizer},
             )
 
         result = minimize(
@@ -98,3 +88,23 @@ class Ensemble(MAP):
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state
         return posterior
+
+
+def members_record(judged: list, losses) -> dict:
+    """The ``status`` and ``trace`` of M members' runs, each judged by ``loss_convergence``: the
+    run converged when every member did (the status names those that did not); the trace holds
+    the (M, steps) losses and each figure's worst value over the members."""
+    failed = [f"member {m}: {status.convergence}" for m, (status, _) in enumerate(judged) if not status.converged]
+    first = judged[0][0]
+    status = first._replace(converged=not failed, convergence="; ".join(failed) or "settled")
+
+    def worst(field, pick):
+        values = [getattr(trace, field) for _, trace in judged if getattr(trace, field) is not None]
+        return float(pick(values)) if values else None
+
+    trace = judged[0][1]._replace(
+        losses=np.asarray(losses), final_loss=worst("final_loss", max), loss_slope=worst("loss_slope", min),
+        loss_slope_se=worst("loss_slope_se", max), loss_noise=worst("loss_noise", max),
+        grad_norm=worst("grad_norm", max), gradient_t_max=worst("gradient_t_max", max),
+    )
+    return {"status": status, "trace": trace}

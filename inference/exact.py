@@ -47,6 +47,7 @@ from jax.scipy.linalg import solve_triangular
 
 from ppl._errors import OptionError
 from ppl._posterior import Posterior
+from ppl._records import Evidence
 from ppl.inference._base import Method, check_positive_int
 from ppl.inference._gaussian import Full, Gaussian, draw
 from ppl.models import LinearRegression
@@ -267,6 +268,6 @@ class Exact(Method):
             problem=problem,
             flat_draws=flat[None],
             # closed_form: q is the posterior itself, so constant log p − log q means a perfect fit.
-            info={"log_evidence": float(log_z), "closed_form": True},
+            evidence=Evidence(log_evidence=float(log_z), closed_form=True),
             approximation=family,
         )

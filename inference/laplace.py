@@ -39,6 +39,7 @@ import optax
 from ppl._data import check_batch_size
 from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
+from ppl._records import Evidence, RunStatus, TrainingTrace
 from ppl.inference import _curvature as curvature
 from ppl.inference._base import (
     MEMORY_BUDGET_BYTES,
@@ -266,9 +267,11 @@ class Laplace(Method):
         target = problem
         if isinstance(self.prior_precision, (float, tuple)):
             target = _with_prior(problem, self.prior_precision)
-        u, info = self._map(map_key, target)
+        u, status, trace, info = self._map(map_key, target)
         if self.prior_precision == "marglik":
-            target, u, marglik_info = self._marglik(curve_key, target, u)
+            target, u, marglik_status, marglik_info = self._marglik(curve_key, target, u)
+            # the mode is marglik's last MAP: its stationarity is the verdict; a Ctrl-C in the first search stays recorded
+            status = marglik_status._replace(interrupted=status.interrupted, steps_done=status.steps_done)
             info.update(marglik_info)
         subset, hessian = self.structure(target)
         index = self.free_index(target)
@@ -278,18 +281,19 @@ class Laplace(Method):
             subset=subset if isinstance(subset, str) else f"mask of {len(index)} parameters",
             num_free=int(target.num_params if index is None else len(index)),
         )
-        if log_evidence is not None:
-            info["log_evidence"] = log_evidence
         flat = draw(family, draw_key, self.num_draws)
         return Posterior(
-            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], info=info, approximation=family
+            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], status=status, trace=trace,
+            evidence=None if log_evidence is None else Evidence(log_evidence=float(log_evidence)), info=info,
+            approximation=family,
         )
 
     def _map(self, key, problem) -> tuple:
-        """The mode and a record of how it was found (from ``init`` or a fresh optimisation)."""
+        """(mode, status, MAP trace or None, info): the mode and how it was found (from ``init`` or
+        a fresh optimisation)."""
         if isinstance(self.init, Posterior):
             u = jnp.asarray(self.init.approximation.loc, problem.init_params.dtype)
-            return u, _stationarity(problem, u, key, None, "the given map posterior")
+            return (u, *_stationarity(problem, u, key, None, "the given map posterior"))
         if not problem.is_declarative:
             # Plain programs: the mode of the unconstrained density (with the Jacobian), where the
             # exact Hessian is taken.
@@ -300,20 +304,20 @@ class Laplace(Method):
                 NegativeLogDensity(), OptimizerConfig("lbfgs", self.steps), problem, start, key,
                 learning_rate=self.learning_rate, label="laplace (mode)",
             )
-            return result.params, _stationarity(problem, result.params, key, start, "L-BFGS", density=True)
+            status, _, info = _stationarity(problem, result.params, key, start, "L-BFGS", density=True)
+            return result.params, status, TrainingTrace(losses=np.asarray(result.losses)), info
         finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init)
         found = finder.run(key, problem)
         u = found.approximation.loc
-        # An interrupted search (Ctrl-C) is recorded as such: the diagnostics then fail the result.
-        info = {k: found.info[k] for k in ("converged", "convergence", "interrupted", "steps_done") if k in found.info}
-        info["map_losses"] = np.asarray(found.info["losses"])
-        info["map_gradient_norm"] = float(_full_gradient(_JOINT, problem, u, key)[1])
-        if info.get("converged") is False:
-            info["convergence"] = (
-                f"the MAP search did not settle ({found.info.get('convergence', '')}; gradient norm "
-                f"{info['map_gradient_norm']:.3g}), so the Laplace approximation sits at a non-stationary point"
-            )
-        return u, info
+        # An interrupted search (Ctrl-C) is recorded in the status: the diagnostics then fail the result.
+        status = found.status
+        norm = float(_full_gradient(_JOINT, problem, u, key)[1])
+        if status.converged is False:
+            status = status._replace(convergence=(
+                f"the MAP search did not settle ({status.convergence}; gradient norm {norm:.3g}), so the Laplace "
+                "approximation sits at a non-stationary point"
+            ))
+        return u, status, found.trace, {"map_gradient_norm": norm}
 
     def _marglik(self, key, problem, u) -> tuple:
         """Alternate MAP, curvature and evidence maximisation over the prior precision (and σ)."""
@@ -362,15 +366,16 @@ class Laplace(Method):
         target = _recompiled(problem, tuned)
         flat = problem.unravel(u)
         u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
+        status, _, stationary = _stationarity(target, u_target, key, None, "marglik's MAP")
         info = {
             "prior_precision": list(per_layer),
             "marglik_rounds": len(evidences),
             "marglik_evidence": np.asarray(evidences),
-            **_stationarity(target, u_target, key, None, "marglik's MAP"),
+            **stationary,
         }
         if log_sigma is not None:
             info["noise_scale"] = math.exp(log_sigma)
-        return target, u_target, info
+        return target, u_target, status, info
 
 
 def _recompiled(problem, model):
@@ -403,22 +408,21 @@ def _sigma_index(problem):
 _JOINT = NegativeLogJoint()
 
 
-def _stationarity(problem, u, key, start, how: str, density: bool = False) -> dict:
-    """Judge a mode by its full-batch gradient norm against the norm at a reference start."""
+def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
+    """(status, None, info): a mode judged by its full-batch gradient norm against the norm at a
+    reference start (no loss curve: the trace slot is None); ``info`` holds the norm."""
     objective = NegativeLogDensity() if density else _JOINT
     reference = problem.init_position(key, "prior") if start is None else start
     start_norm = float(_full_gradient(objective, problem, reference, key)[1])
     norm = float(_full_gradient(objective, problem, u, key)[1])
-    info = {"map_gradient_norm": norm}
     if not (np.isfinite(norm) and norm <= MAP_TOL * max(start_norm, 1.0)):
-        info["converged"] = False
-        info["convergence"] = (
+        status = RunStatus(converged=False, convergence=(
             f"the mode from {how} is not stationary: gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}), so "
             "the Laplace approximation sits at a non-stationary point"
-        )
+        ))
     else:
-        info["converged"] = True
-    return info
+        status = RunStatus(converged=True, convergence="settled")
+    return status, None, {"map_gradient_norm": norm}
 
 
 # -- the Gaussian at a mode -----------------------------------------------------------------------------

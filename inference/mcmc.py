@@ -28,6 +28,7 @@ from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
+from ppl._records import ChainStats, RunStatus
 from ppl.inference._base import (
     Method,
     check_choice,
@@ -254,7 +255,7 @@ class _MCMC(Method):
                     except NonFiniteError as error:
                         error.partial = self._partial(problem, records, done, lanes_by_chain, saved_states)[0]
                         if error.partial is not None:
-                            error.partial.info["failed"] = str(error)
+                            error.partial.status = error.partial.status._replace(failed=str(error))
                         raise
                     for lane, (state, _) in zip(live, outputs):
                         lane.state = state
@@ -416,28 +417,22 @@ class _MCMC(Method):
                 step_size, inverse_mass = step_size[c], inverse_mass[c]
             step_sizes.append(step_size)
             inverse_masses.append(inverse_mass if inverse_mass.ndim == 1 else np.diagonal(inverse_mass))
-        incomplete = any(d < total for d in done)
-        info = {
-            "interrupted": incomplete,
-            "chains_done": int(sum(d >= total for d in done)),
-            "steps_done": [int(d) for d in done],
-            "diverging": stats["diverging"],
-            "num_steps": stats["num_steps"],
-            "accept_prob": stats["accept_prob"],
-            "energy": stats["energy"],
-            "divergences": int(stats["diverging"].sum()),
-            "step_size": np.asarray(step_sizes),
-            "inverse_mass_matrix_diag": np.asarray(inverse_masses),
-            "mean_accept_prob": float(stats["accept_prob"].mean()),
-        }
         config = self._config()
-        if config.algo == "NUTS":
-            info["tree_depth_hits"] = int((stats["num_steps"] >= 2**config.max_tree_depth - 1).sum())
-            info["max_tree_depth"] = config.max_tree_depth
-        else:
-            info["leapfrog_cap_hits"] = int((stats["num_steps"] >= MAX_LEAPFROG_STEPS).sum())
-            info["max_leapfrog_steps"] = MAX_LEAPFROG_STEPS
-        return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=stats["z"], info=info)
+        nuts = config.algo == "NUTS"
+        chain_stats = ChainStats(
+            accept_prob=stats["accept_prob"], diverging=stats["diverging"], num_steps=stats["num_steps"],
+            energy=stats["energy"], step_size=np.asarray(step_sizes),
+            max_tree_depth=config.max_tree_depth if nuts else None, leapfrog_cap=None if nuts else MAX_LEAPFROG_STEPS,
+        )
+        status = RunStatus(
+            interrupted=any(d < total for d in done), chains_done=int(sum(d >= total for d in done)),
+            steps_done=int(min(done)),
+        )
+        info = {"steps_done_per_chain": [int(d) for d in done], "inverse_mass_matrix_diag": np.asarray(inverse_masses)}
+        return Posterior(
+            method=self.name, kind=self.kind, problem=problem, flat_draws=stats["z"], status=status,
+            chain_stats=chain_stats, info=info,
+        )
 
 
 def _concat(parts: list):

@@ -86,12 +86,10 @@ class MH(_WhitenedChains):
 
         return jax.lax.fori_loop(0, self.thinning, body, state)
 
-    def _record(self, state, draws_done: int) -> dict:
+    def _record(self, chain_stats, state, draws_done: int) -> tuple:
         _, (_, log_scale, accepted) = state
-        return {
-            "proposal_scale": np.exp(np.asarray(log_scale)),
-            "accept_rate": np.asarray(accepted) / max(draws_done * self.thinning, 1),
-        }
+        rate = np.asarray(accepted) / max(draws_done * self.thinning, 1)
+        return chain_stats._replace(accept_prob=rate, step_size=None), {"proposal_scale": np.exp(np.asarray(log_scale))}
 
 
 def _log_density(problem, white):

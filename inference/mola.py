@@ -85,29 +85,27 @@ class MoLA(Method):
         modes = found.flat_draws[:, 0]
         keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)
-        components, evidences, stationary = [], [], []
+        components, evidences, norms, failed = [], [], [], []
         for m in range(self.num_members):
-            judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
-            stationary.append(judged)
+            status, _, judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
+            norms.append(judged["map_gradient_norm"])
+            if not status.converged:
+                failed.append(f"member {m}: {status.convergence}")
             family, log_z = laplace_gaussian(target, modes[m], index, self.hessian, self.rank, jax.random.fold_in(curve_key, m))
             components.append(family)
             evidences.append(np.nan if log_z is None else log_z)
         mixture = Mixture(tuple(components), jnp.full(self.num_members, -math.log(self.num_members), target.init_params.dtype))
+        # A Ctrl-C during the members' search stays recorded: the diagnostics then fail the result.
+        status = found.status._replace(converged=not failed, convergence="; ".join(failed) or "settled")
         info = {
             "hessian": self.hessian,
             "subset": "last_layer",
             "num_free": int(len(index)),
             "member_log_evidence": np.asarray(evidences),
-            "member_gradient_norm": np.asarray([j["map_gradient_norm"] for j in stationary]),
-            "converged": all(j["converged"] for j in stationary),
-            # A Ctrl-C during the members' search is recorded: the diagnostics then fail the result.
-            "interrupted": bool(found.info["interrupted"]),
-            "steps_done": found.info["steps_done"],
+            "member_gradient_norm": np.asarray(norms),
         }
-        failed = [f"member {m}: {j['convergence']}" for m, j in enumerate(stationary) if not j["converged"]]
-        if failed:
-            info["convergence"] = "; ".join(failed)
         flat = draw(mixture, draw_key, self.num_draws)
         return Posterior(
-            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], info=info, approximation=mixture
+            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], status=status, trace=found.trace,
+            info=info, approximation=mixture,
         )

@@ -25,6 +25,7 @@ from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
+from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
 
@@ -312,7 +313,7 @@ def minimize(
     def state_now(params, opt_state, step):
         losses = joined()
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
-        return ResumeState("optimize", {"steps_done": int(step)}, leaves, {"losses": losses})
+        return session.stamp(ResumeState("optimize", {"steps_done": int(step)}, leaves, {"losses": losses}))
 
     def partial_now(params, opt_state, step):
         state = state_now(params, opt_state, step)
@@ -356,7 +357,7 @@ def minimize(
                 )
                 error.partial = partial_now(params, opt_state, step)[0]
                 if error.partial is not None:
-                    error.partial.info["failed"] = str(error)
+                    error.partial.status = error.partial.status._replace(failed=str(error))
                 raise error
             params, opt_state = new_params, new_state
             history.append(losses)
@@ -370,7 +371,8 @@ def minimize(
 
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
-                     gradient: tuple | None = None, stochastic: bool = True, stationary: tuple | None = None) -> dict:
+                     gradient: tuple | None = None, stochastic: bool = True,
+                     stationary: tuple | None = None) -> tuple[RunStatus, TrainingTrace]:
     """Judge whether an optimisation run settled, from its loss curve and its final state.
 
     Three tests, each recorded (a run is converged only when none fails):
@@ -391,11 +393,11 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     With ``stationary`` = (max |t|, threshold) from :func:`stationarity`, a stochastic objective's
     expected gradient must also be zero within its Monte Carlo noise at the end.
 
-    With ``planned_steps``, also records ``interrupted`` (fewer steps done than planned).
+    Returns the run's status (``converged``, ``convergence``; with ``planned_steps`` also
+    ``interrupted`` when fewer steps were done than planned) and its trace with the figures judged.
     """
-    status = {} if planned_steps is None else {"interrupted": len(losses) < planned_steps, "steps_done": len(losses)}
     reasons = []
-    result = {"final_loss": float(losses[-1]) if len(losses) else None, "loss_slope": None, "loss_slope_se": None}
+    result = {"final_loss": float(losses[-1]) if len(losses) else None}
     if moved is False:
         reasons.append("the parameters never moved from their starting point")
     window = max(10, len(losses) // 5)
@@ -449,7 +451,10 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
                 f"{t_max:.3g} standard errors from zero (threshold {threshold:.2f}) — still moving along a ridge "
                 "or stopped early; raise steps or learning_rate"
             )
-    return {**result, "converged": not reasons, "convergence": "; ".join(reasons) or "settled", **status}
+    status = RunStatus(converged=not reasons, convergence="; ".join(reasons) or "settled")
+    if planned_steps is not None:
+        status = status._replace(interrupted=len(losses) < planned_steps, steps_done=len(losses))
+    return status, TrainingTrace(losses=np.asarray(losses), **result)
 
 
 def _moved(start, end) -> bool:
@@ -505,14 +510,13 @@ class MAP(Method):
 
         def build(params, losses):
             _, final_norm = _full_gradient(objective, problem, params, run_key)
-            judged = loss_convergence(
+            status, trace = loss_convergence(
                 losses, self.steps, moved=_moved(start, params), gradient=(start_norm, float(final_norm)),
                 stochastic=config.batch_size is not None,
             )
-            info = {"losses": losses, "optimizer": config.optimizer, **judged}
             return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], info=info,
-                approximation=PointMass(params),
+                method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], status=status,
+                trace=trace, info={"optimizer": config.optimizer}, approximation=PointMass(params),
             )
 
         result = minimize(

@@ -37,9 +37,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl import _interrupt, _progress
+from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._data import check_batch_size
-from ppl._errors import NonFiniteError, OptionError
+from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
+from ppl._records import ChainStats, RunStatus
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference.optimize import INITS
 
@@ -195,17 +197,21 @@ class _WhitenedChains(Method):
     def _init_extra(self, problem, white, z):
         return ()
 
-    def _record(self, state, draws_done: int) -> dict:
-        """Entries for ``info`` from the final state, after ``draws_done`` stored draws."""
-        return {}
+    def _record(self, chain_stats: ChainStats, state, draws_done: int) -> tuple[ChainStats, dict]:
+        """The chain statistics and ``info`` entries completed from the final state, after
+        ``draws_done`` stored draws."""
+        return chain_stats, {}
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        session = session or Session()
         start_key, curve_key, run_key = jax.random.split(key, 3)
         dtype = problem.init_params.dtype
         starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), self.init) for c in range(self.num_chains)])
         batch = self._batch(problem)
         noise = 0.0 if batch is None else (problem.num_data / batch) * (1.0 - batch / problem.num_data)
+        # the frame, the curvature and the step come from the seed's starts: a resumed run recomputes
+        # them exactly, and the checkpoint holds only the chains' state and their draws
         white = whitening(problem, starts, curve_key)
         curvature = curvature_scale(problem, starts, curve_key, white)
         step = self._step(curvature, noise)
@@ -214,13 +220,26 @@ class _WhitenedChains(Method):
         state = _initial(self, problem, white, starts)
         # separate streams for warmup and sampling, whatever their lengths
         warm_keys, keys = (jax.random.split(k, self.num_chains) for k in jax.random.split(run_key))
-        draws, done = [], 0
+        draws, done = self._resumed(session, problem, state)
+        if session.resume is not None:
+            state = restore_tree(state, session.resume.leaves, "chain state")
+        session.start_count(done)
+
+        def state_now():
+            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(state))]
+            stored = np.concatenate(draws, axis=1) if draws else np.zeros((self.num_chains, 0, problem.num_params), dtype)
+            return session.stamp(ResumeState("chains", {"draws_done": done}, leaves, {"draws": stored}))
+
+        def result_now():
+            flat = jnp.concatenate([jnp.asarray(d) for d in draws], axis=1)
+            return self._posterior(problem, white, batch, curvature, noise, step, plan, run_key, flat, state, done)
+
         label = f"{self.name} ({self.num_chains} chains)"
         with _progress.task(label, plan["warmup_calls"] + self.num_samples), _interrupt.guard():
-            if plan["warmup_calls"]:
+            if plan["warmup_calls"] and session.resume is None:
                 state = _warm(self, problem, white, batch, state, warm_keys, steps, plan["warmup_calls"])
                 _check_finite(self, state[0], "warmup", 0)
-                _progress.advance(plan["warmup_calls"])
+            _progress.advance(plan["warmup_calls"] + done)
             while done < self.num_samples and not _interrupt.requested():
                 # full chunks share one compiled program; a shorter last chunk compiles once more, so
                 # the chains never step past the draws they store
@@ -230,20 +249,32 @@ class _WhitenedChains(Method):
                 draws.append(chunk)
                 done += count
                 _progress.advance(count)
+                session.maybe_checkpoint(done, lambda: (result_now(), state_now()))
         if not draws:
-            from ppl._checkpoint import Interrupted
+            raise Interrupted(f"{self.name}: interrupted before the first draw (after warmup)", state_now())
+        posterior = result_now()
+        if done < self.num_samples:
+            posterior.resume_state = state_now()
+        return posterior
 
-            raise Interrupted(f"{self.name}: interrupted before the first draw", None)
-        flat = jnp.concatenate(draws, axis=1)
-        info = {
-            "step_size": step,
-            "curvature": curvature,
-            "gradient_noise": noise,
-            "batch_size": batch,
-            "interrupted": done < self.num_samples,
-            "steps_done": done,
-            "draws_done": done,
-        }
+    def _resumed(self, session, problem, state) -> tuple:
+        """(stored draws, draws done) of the state to resume from, checked against this run."""
+        resume = session.resume_state("chains")
+        if resume is None:
+            return [], 0
+        done = resume.progress.get("draws_done")
+        stored = np.asarray(resume.arrays.get("draws", np.zeros(0)))
+        expected = (self.num_chains, done, problem.num_params)
+        if not (isinstance(done, int) and 0 <= done <= self.num_samples) or stored.shape != expected:
+            raise ResumeError(
+                f"the checkpoint's progress ({done!r} draws, stored draws of shape {list(stored.shape)}) does not fit "
+                f"a run of {self.num_chains} chains × {self.num_samples} draws; resume with the options that wrote it, "
+                "or start afresh"
+            )
+        return ([stored.astype(problem.init_params.dtype)] if done else []), done
+
+    def _posterior(self, problem, white, batch, curvature, noise, step, plan, run_key, flat, state, done) -> Posterior:
+        info = {"curvature": curvature, "gradient_noise": noise, "batch_size": batch}
         sampling_step = step if plan.get("sampling_step") is None else plan["sampling_step"](step)
         inflation = self._inflation(sampling_step, curvature, noise)
         if inflation is not None and batch is not None:
@@ -254,10 +285,13 @@ class _WhitenedChains(Method):
                                                jax.random.fold_in(run_key, 7)))
             info["gradient_scatter"] = measured
             inflation = max(inflation, self._inflation(sampling_step, curvature, measured / max(curvature, 1e-300)))
-        if inflation is not None:
-            info["variance_inflation"] = inflation
-        info.update(self._record(state, done))
-        return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat, info=info)
+        chain_stats = ChainStats(step_size=np.full(self.num_chains, step), variance_inflation=inflation)
+        chain_stats, extra = self._record(chain_stats, state, done)
+        info.update(extra)
+        return Posterior(
+            method=self.name, kind=self.kind, problem=problem, flat_draws=flat,
+            status=RunStatus(interrupted=done < self.num_samples, steps_done=done), chain_stats=chain_stats, info=info,
+        )
 
     def _plan(self) -> dict:
         return {"warmup_calls": self.num_warmup}
@@ -310,7 +344,7 @@ def _check_finite(method, values, phase, done, partial=None, problem=None):
         if partial and problem is not None:
             error.partial = Posterior(
                 method=method.name, kind=method.kind, problem=problem, flat_draws=jnp.concatenate(partial, axis=1),
-                info={"failed": str(error), "interrupted": True, "steps_done": done, "draws_done": done},
+                status=RunStatus(interrupted=True, failed=str(error), steps_done=done),
             )
         raise error
 

@@ -22,7 +22,7 @@ with sd ``INIT_SCALE``. ``init=`` a fitted Posterior of the same model starts th
 posterior: its Gaussian (mean and covariance: Laplace, SWAG, another svi run), or the mean and
 covariance of its stored draws (NUTS, SG-MCMC, an ensemble, a mixture), written as the frame
 (dense up to ``DENSE_FRAME_MAX`` parameters, else its diagonal); a point estimate gives its point
-with sd ``INIT_SCALE``. The run's convergence verdict (``info["converged"]``) uses the loss curve's
+with sd ``INIT_SCALE``. The run's convergence verdict (``posterior.status.converged``) uses the loss curve's
 trend against its own noise (:func:`~ppl.inference.optimize.loss_convergence`).
 """
 
@@ -41,6 +41,7 @@ from ppl._checkpoint import Interrupted, ResumeState, Session
 from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError
 from ppl._posterior import Posterior
+from ppl._records import Evidence
 from ppl.inference._base import (
     Method,
     check_choice,
@@ -147,9 +148,9 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
         # climb as map judges itself, and start from the median when it did not settle.
         start_norm = float(_full_gradient(objective, problem, start, key)[1])
         final_norm = float(_full_gradient(objective, problem, mode, key)[1])
-        judged = loss_convergence(result.losses, None, gradient=(start_norm, final_norm), stochastic=False)
-        if not judged["converged"]:
-            return Frame.plain(start), f"the MAP start did not settle ({judged['convergence']}); {fallback}"
+        judged, _ = loss_convergence(result.losses, None, gradient=(start_norm, final_norm), stochastic=False)
+        if not judged.converged:
+            return Frame.plain(start), f"the MAP start did not settle ({judged.convergence}); {fallback}"
     if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
         frame = frame_from_hessian(mode, curvature.hessian(problem, mode))
         if frame.tril is not None:
@@ -164,7 +165,7 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
 BOUND_PARTICLES = 100  # draws per datum behind the ELBO / IWAE estimates of a fitted VAE
 
 
-def _local_bounds(posterior, key) -> dict:
+def _local_bounds(posterior, key) -> Evidence:
     """ELBO and IWAE_100 of the training data (sums over data, β = 1, untempered), re-estimated
     after training with ``BOUND_PARTICLES`` fresh draws of each datum's latents."""
     from scipy.special import logsumexp
@@ -172,10 +173,10 @@ def _local_bounds(posterior, key) -> dict:
     from ppl._vae import importance_weights
 
     log_w, _, _ = importance_weights(posterior, posterior.problem.data_X, BOUND_PARTICLES, key)
-    return {
-        "elbo_estimate": float(np.sum(np.mean(log_w, axis=0))),
-        "iwae_estimate": float(np.sum(logsumexp(log_w, axis=0) - np.log(BOUND_PARTICLES))),
-    }
+    return Evidence(
+        elbo=float(np.sum(np.mean(log_w, axis=0))),
+        iwae=float(np.sum(logsumexp(log_w, axis=0) - np.log(BOUND_PARTICLES))),
+    )
 
 
 def _frame_template(problem, init, batch_size: int | None) -> Frame:
@@ -383,17 +384,17 @@ class SVI(Method):
                 judged["stationary"] = stationarity(
                     objective, problem, params, check_key, loss_scale=float(np.mean(losses[-10:])) if len(losses) else 1.0
                 )
-            info = {"losses": losses, "start": start_note, **loss_convergence(losses, self.steps, **judged)}
+            status, trace = loss_convergence(losses, self.steps, **judged)
             if self.kl_warmup:
-                info["kl_warmup"] = int(self.kl_warmup)
-            info["guide"] = self.global_guide_name(problem)
+                trace = trace._replace(kl_warmup=int(self.kl_warmup))
             posterior = Posterior(
                 method=self.name, kind=self.kind if family.has_density else "point", problem=problem,
-                flat_draws=flat[None], info=info, approximation=family,
+                flat_draws=flat[None], status=status, trace=trace,
+                info={"start": start_note, "guide": self.global_guide_name(problem)}, approximation=family,
             )
             if problem.local_sites:
                 posterior.local_guide = (guide, params["local"])
-                posterior.info.update(_local_bounds(posterior, check_key))
+                posterior.evidence = _local_bounds(posterior, check_key)
             return posterior
 
         result = minimize(

@@ -27,10 +27,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._checkpoint import Interrupted
+from ppl._checkpoint import Interrupted, Session
 from ppl._data import check_batch_size
 from ppl._errors import OptionError
 from ppl._posterior import Posterior
+from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
@@ -157,45 +158,64 @@ class SWAG(Method):
         """None: one trajectory; M: M trajectories as one program (MultiSWAG)."""
         return None
 
-    def _starts(self, key, problem) -> tuple:
-        """(the SGD phase's start, a record of the pre-training)."""
+    def _starts(self, key, problem, session: Session) -> tuple:
+        """(the SGD phase's start, a record of the pre-training), pre-training under ``session``."""
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
-        found = MAP(steps=self.steps, init=self.init).run(key, problem)
-        # A Ctrl-C during pre-training also stops the SGD phase before its first step, which raises
-        # Interrupted there.
-        return found.approximation.loc, {f"map_{k}": found.info[k] for k in ("converged", "convergence") if k in found.info}
+        found = MAP(steps=self.steps, init=self.init).run(key, problem, session=session)
+        return self._pretrained(found, found.approximation.loc)
+
+    def _pretrained(self, found: Posterior, starts) -> tuple:
+        if found.status.interrupted:
+            # a Ctrl-C during pre-training: its state (tagged with the phase) is what resume continues
+            raise Interrupted(
+                f"{self.name}: interrupted during the MAP pre-training after {found.status.steps_done} steps",
+                found.resume_state,
+            )
+        return starts, {"map_converged": found.status.converged, "map_convergence": found.status.convergence}
 
     def _family(self, moments: SwagState, rank: int):
         return swag_gaussian(moments, rank, float(self.scale))
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        session = session or Session()
         map_key, swag_key, draw_key = jax.random.split(key, 3)
-        starts, info = self._starts(map_key, problem)
         members = self._members()
+        if session.resumed_phase() == "swag":
+            # the checkpoint holds the SGD phase's whole state; the pre-training is not repeated
+            shape = problem.init_params.shape if members is None else (members, *problem.init_params.shape)
+            starts = jnp.zeros(shape, problem.init_params.dtype)
+            info = {k: session.resume.progress.get(k) for k in ("map_converged", "map_convergence")}
+        else:
+            starts, info = self._starts(map_key, problem, session.phase("pretrain", partial_results=False))
         config = OptimizerConfig("sgd", int(self.swag_steps), self.schedule, self._batch(problem), cycle=int(self.collect_every))
         result = minimize(
             MeanNegativeLogJoint(), config, problem, starts,
             swag_key if members is None else member_keys(swag_key, members),
             learning_rate=self.learning_rate, label=self.name, members=members,
             collector=SwagMoments(int(self.collect_every), int(self.rank)),
+            session=session.phase("swag", **{k: v for k, v in info.items() if v is not None}),
         )
         count = int(np.min(np.asarray(result.collected.count)))  # the same for every member
         if count < 2:
             raise Interrupted(
-                f"{self.name}: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — run it again",
+                f"{self.name}: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — resume it",
                 result.resume_state,
             )
         family = self._family(result.collected, min(count, self.rank))
         done = int(result.losses.shape[-1])
-        info.update(
-            losses=result.losses, snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size,
-            interrupted=done < self.swag_steps, steps_done=done,
-        )
+        info.update(snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size)
         flat = draw(family, draw_key, self.num_draws)
-        return Posterior(method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None], info=info,
-                         approximation=family)
+        # The SGD phase explores around the mode at a constant (or cyclic) rate: it is not meant to
+        # converge, so the status carries no convergence verdict.
+        posterior = Posterior(
+            method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None],
+            status=RunStatus(interrupted=done < self.swag_steps, steps_done=done),
+            trace=TrainingTrace(losses=np.asarray(result.losses)), info=info, approximation=family,
+        )
+        posterior.resume_state = result.resume_state
+        return posterior
 
 
 @dataclass(frozen=True)
@@ -221,11 +241,11 @@ class MultiSWAG(SWAG):
     def _expected_init(self) -> tuple:
         return "members", f"an ensemble Posterior of this model with num_members={self.num_members} members"
 
-    def _starts(self, key, problem) -> tuple:
+    def _starts(self, key, problem, session: Session) -> tuple:
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.flat_draws[:, 0], problem.init_params.dtype), {}
-        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init).run(key, problem)
-        return found.flat_draws[:, 0], {"map_converged": found.info["converged"], "map_convergence": found.info["convergence"]}
+        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init).run(key, problem, session=session)
+        return self._pretrained(found, found.flat_draws[:, 0])
 
     def _family(self, moments: SwagState, rank: int):
         components = tuple(

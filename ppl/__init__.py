@@ -19,6 +19,7 @@ from ppl._fit import fit
 from ppl._io import load
 from ppl._posterior import Posterior
 from ppl._problem import Problem, compile_problem
+from ppl._records import ChainStats, Evidence, RunStatus, TrainingTrace
 from ppl._results import Diagnostics, Prediction
 
 __all__ = [
@@ -29,6 +30,10 @@ __all__ = [
     "Posterior",
     "Prediction",
     "Diagnostics",
+    "RunStatus",
+    "TrainingTrace",
+    "ChainStats",
+    "Evidence",
     "Problem",
     "compile_problem",
     "datasets",

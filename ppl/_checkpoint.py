@@ -26,7 +26,8 @@ __all__ = ["ResumeState", "Session", "Interrupted", "restore_tree"]
 class ResumeState(NamedTuple):
     """Everything a method needs to continue a run exactly where it stopped.
 
-    kind: the loop that wrote it (``"optimize"`` or ``"mcmc"``).
+    kind: the loop that wrote it (``"optimize"``, ``"mcmc"``, or ``"chains"`` for the whitened
+        SG-MCMC and Metropolis chains).
     progress: JSON-able counters (steps done, per chain).
     leaves: the carried state pytree's leaves (host arrays), in ``tree_flatten`` order.
     arrays: results gathered so far (losses, draws, per-step statistics), name -> array.
@@ -75,7 +76,29 @@ class Session:
     checkpoint_every: int | None = None
     write: Callable | None = None
     resume: ResumeState | None = None
+    tag: dict = field(default_factory=dict)  # progress entries every state of this session carries
     _last: int = field(default=0, repr=False)
+
+    def resumed_phase(self) -> str | None:
+        """The phase the state to resume from was written in (None: no state, or a one-phase method)."""
+        return None if self.resume is None else self.resume.progress.get("phase")
+
+    def phase(self, name: str, *, partial_results: bool = True, **note) -> "Session":
+        """The session of one phase of a method that runs several loops in turn (SWAG: the MAP
+        pre-training, then the SGD trajectory). Its states are tagged with the phase (and ``note``,
+        JSON scalars the later phases need, such as the pre-training's verdict), and it resumes
+        only a state of that phase. With ``partial_results=False`` its checkpoints hold the state
+        alone: a pre-training's partial MAP is no result of the method."""
+        resume = self.resume if self.resumed_phase() == name else None
+        write = self.write
+        if write is not None and not partial_results:
+            def write(posterior, state, _write=self.write):
+                _write(None, state)
+        return Session(self.checkpoint_every, write, resume, {**self.tag, "phase": name, **note})
+
+    def stamp(self, state: ResumeState) -> ResumeState:
+        """``state`` with this session's tag in its progress."""
+        return state if not self.tag else state._replace(progress={**state.progress, **self.tag})
 
     def resume_state(self, kind: str) -> ResumeState | None:
         if self.resume is None:

@@ -51,7 +51,7 @@ def fit(
         **options: the method's options (unknown ones raise an error listing the valid ones).
 
     Ctrl-C stops a running method at its next chunk of steps (within about a second) and returns a
-    partial result marked interrupted (``info["interrupted"]``) that ``resume=`` continues; before
+    partial result marked interrupted (``posterior.status.interrupted``) that ``resume=`` continues; before
     anything was sampled it raises :class:`ppl.Interrupted`, which holds the state to resume.
 
     >>> import ppl
@@ -101,8 +101,6 @@ def fit(
         posterior.seed = print_seed
         posterior.options = method_obj.as_dict()
         posterior.fingerprint = fingerprint
-        posterior.info.setdefault("temperature", float(temperature))
-        posterior.info.setdefault("tempering", tempering)
         return posterior
 
     start = time.perf_counter()

@@ -45,11 +45,12 @@ from typing import NamedTuple
 import numpy as np
 
 from ppl._errors import DataError, RunError
+from ppl._records import RECORDS, from_saved, to_saved
 
 __all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "run_lock", "fingerprint"]
 
 FORMAT = "ppl-run"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3  # 3: typed run records (status, trace, chain_stats, evidence) apart from info
 MANIFEST = "manifest.json"
 META = "posterior.json"
 ARRAYS = "arrays.npz"
@@ -255,9 +256,9 @@ def _swap_into_place(staging: Path, path: Path) -> None:
 
 def save_posterior(posterior, path, *, extra_files=None, with_diagnostics=True) -> None:
     status = "complete"
-    if posterior.info.get("failed"):
+    if posterior.status.failed:
         status = "failed"
-    elif posterior.info.get("interrupted"):
+    elif posterior.status.interrupted:
         status = "interrupted"
     save_run(
         path, posterior, resume_state=posterior.resume_state, fingerprint=posterior.fingerprint,
@@ -340,6 +341,14 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
     if posterior is None:
         return meta, arrays, None
     problem = posterior.problem
+    records = {}
+    for name in RECORDS:
+        value = getattr(posterior, name)
+        if value is None:
+            records[name] = None
+            continue
+        records[name], parts = to_saved(name, value)
+        arrays.update({f"records/{name}/{field}": array for field, array in parts.items()})
     scalars = {}
     for key, value in posterior.info.items():
         if isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not np.isscalar(value)):
@@ -371,6 +380,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         "options": posterior.options,
         "seed": posterior.seed,
         "wall_time_s": posterior.wall_time_s,
+        "records": records,
         "info": scalars,
         "model": model_record(problem.model),
         "static_kwargs": [[k, v, isinstance(v, tuple)] for k, v in problem.spec.static_kwargs],
@@ -569,7 +579,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 # The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
 _ARRAY_NAME = re.compile(
     r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_][a-z0-9_]{0,47}|"
-    r"info/[A-Za-z_][\w.-]{0,99}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99}|local/encoder)\.npy"
+    r"info/[A-Za-z_][\w.-]{0,99}|records/[a-z_]{1,20}/[a-z_]{1,40}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99}|local/encoder)\.npy"
 )
 
 
@@ -657,12 +667,6 @@ def read_run_files(path, extras: tuple = ()) -> tuple[dict, dict | None, dict]:
 
 
 # Types of the info entries that diagnostics read (others are kept as they are).
-_INFO_TYPES = {
-    "divergences": int, "tree_depth_hits": int, "max_tree_depth": int, "leapfrog_cap_hits": int,
-    "max_leapfrog_steps": int, "chains_done": int, "interrupted": bool, "closed_form": bool,
-    "converged": (bool, type(None)), "convergence": str, "failed": str, "log_evidence": (int, float),
-    "loss_change": (int, float, type(None)), "final_loss": (int, float, type(None)),
-}
 # Types of every Diagnostics field, as read back from diagnostics.json.
 _NUMBER = (int, float, type(None))
 _DIAGNOSTIC_TYPES = {
@@ -670,11 +674,11 @@ _DIAGNOSTIC_TYPES = {
     "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
     "loo_khat_max": _NUMBER, "elpd_loo": _NUMBER, "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
-    "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict,
+    "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict, "checks": list,
 }
+_CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "threshold": (int, float, type(None)),
+                "passed": (bool,), "message": (str,)}
 
-# Fields added after format version 2 was introduced; runs saved before them lack them.
-_LATER_DIAGNOSTICS = ("iwae",)
 
 
 def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
@@ -693,8 +697,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
     resume = schema.get(meta, "resume", dict, "an object", optional=True)
     if resume is not None:
         kind = schema.get(resume, "kind", str, "a loop kind")
-        if kind not in ("optimize", "mcmc"):
-            raise schema.fail("resume.kind", "'optimize' or 'mcmc'", kind)
+        if kind not in ("optimize", "mcmc", "chains"):
+            raise schema.fail("resume.kind", "'optimize', 'mcmc' or 'chains'", kind)
         schema.scalar_tree("resume.progress", schema.get(resume, "progress", dict, "an object"))
         leaves = schema.get(resume, "num_leaves", int, "a count")
         if not 0 <= leaves <= 100_000:
@@ -709,11 +713,15 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if isinstance(seed, int) and not 0 <= seed < 2**32:
             raise schema.fail("seed", "an int in [0, 2**32)", seed)
         schema.get(meta, "wall_time_s", (int, float), "a number")
-        info = schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
-        for key, kinds in _INFO_TYPES.items():
-            if key in info and (not isinstance(info[key], kinds) or (isinstance(info[key], bool) and bool not in (
-                    kinds if isinstance(kinds, tuple) else (kinds,)))):
-                raise schema.fail(f"info.{key}", f"of type {kinds}", info[key])
+        schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
+        records = schema.scalar_tree("records", schema.get(meta, "records", dict, "an object"))
+        if set(records) != set(RECORDS):
+            raise schema.fail("records", f"an object with exactly the fields {sorted(RECORDS)}", sorted(records))
+        if not isinstance(records["status"], dict):
+            raise schema.fail("records.status", "an object", records["status"])
+        for name, value in records.items():
+            if value is not None and not isinstance(value, dict):
+                raise schema.fail(f"records.{name}", "an object or null", value)
         model = schema.get(meta, "model", dict, "an object")
         schema.scalar_tree("model", model)
         if model.get("kind") not in ("declarative", "function"):
@@ -732,8 +740,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if schema.get(meta, "tempering", str, "a tempering mode") not in ("likelihood", "cold"):
             raise schema.fail("tempering", "'likelihood' or 'cold'", meta["tempering"])
         schema.get(meta, "approximation", str, "a family kind", optional=True)
-        kind = schema.get(meta, "kind", str, "a posterior kind", optional=True)
-        if kind is not None and kind not in _kinds_allowed(meta["method"], meta["approximation"]):
+        kind = schema.get(meta, "kind", str, "a posterior kind")
+        if kind not in _kinds_allowed(meta["method"], meta["approximation"]):
             # The kind decides which checks the diagnostics make: one edited to skip them (a sampler's
             # run relabelled "point" would skip R-hat) is refused, not believed.
             raise schema.fail(
@@ -761,8 +769,6 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if unknown:
             raise check.fail("(fields)", "Diagnostics fields only", unknown)
         for field, kinds in _DIAGNOSTIC_TYPES.items():
-            if field in _LATER_DIAGNOSTICS and field not in diagnostics:
-                continue  # written by an earlier ppl: the field reads as None
             value = diagnostics.get(field)
             allowed = kinds if isinstance(kinds, tuple) else (kinds,)
             if field not in diagnostics or not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
@@ -771,14 +777,22 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
             raise check.fail("warnings", "a list of strings", diagnostics["warnings"])
         if not all(isinstance(v, str) for v in diagnostics["notes"].values()):
             raise check.fail("notes", "an object of strings", diagnostics["notes"])
+        for item in diagnostics["checks"]:
+            if not (isinstance(item, dict) and set(item) == set(_CHECK_TYPES) and all(
+                    isinstance(item[k], kinds) and (bool in kinds or not isinstance(item[k], bool))
+                    for k, kinds in _CHECK_TYPES.items())):
+                raise check.fail("checks", "a list of {field, value, threshold, passed, message} objects", item)
+        # ok is the conjunction of the checks: a file that says otherwise was edited
+        if diagnostics["ok"] != all(item["passed"] for item in diagnostics["checks"]):
+            raise check.fail("ok", "the conjunction of the checks' passed flags", diagnostics["ok"])
     return meta, diagnostics
 
 
 def _diagnostics_from(record: dict, folder: Path):
     """The Diagnostics record of a diagnostics.json that ``_read_meta`` checked field by field."""
-    from ppl._results import Diagnostics
+    from ppl._results import Check, Diagnostics
 
-    return Diagnostics(**record)
+    return Diagnostics(**{**record, "checks": [Check(**item) for item in record["checks"]]})
 
 
 def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:
@@ -857,17 +871,30 @@ def _kinds_allowed(method: str, family: str | None) -> tuple:
     return tuple(k for k in by_family if k == declared or k == "point")
 
 
-def _kind(meta: dict) -> str:
-    """The saved posterior kind. Runs saved before kinds were recorded are read by their
-    approximation: none means Markov chains, a point mass a point, a mixture a mixture."""
-    if meta.get("kind") is not None:
-        return meta["kind"]
-    family = meta["approximation"]
-    if family is None:
-        return "chains"
-    if family == "point":
-        return "point"
-    return "mixture" if family.startswith("mixture:") else "independent"
+def _records(folder: Path, meta: dict, arrays: dict) -> dict:
+    """The typed run records, each field checked against its declared type; arrays of chain
+    statistics must match the draws' (chain, draw) layout."""
+    schema, records = _Schema(folder, META), {}
+    chains, draws = meta["num_chains"], meta["num_draws"]
+    for name in RECORDS:
+        prefix = f"records/{name}/"
+        parts = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        if meta["records"][name] is None:
+            if parts:
+                raise RunError(f"{folder}/{ARRAYS}: arrays {sorted(parts)} belong to the absent record {name!r}")
+            records[name] = None
+            continue
+        record = from_saved(name, meta["records"][name], parts, schema.fail)
+        for field, value in parts.items():
+            if name == "trace":  # losses: (steps,), or (members, steps)
+                fits, wanted = value.ndim in (1, 2), "a 1-D or 2-D array"
+            else:  # chain statistics: per transition (chain, draw) or per chain
+                shapes = ((chains,),) if field == "step_size" else ((chains, draws), (chains,))
+                fits, wanted = tuple(value.shape) in shapes, f"shape {' or '.join(str(list(s)) for s in shapes)}"
+            if not fits:
+                raise RunError(f"{folder}/{ARRAYS}: array 'records/{name}/{field}' has shape {list(value.shape)}; expected {wanted}")
+        records[name] = record
+    return records
 
 
 def _load_from(snapshot: _Snapshot, model, trust: bool):
@@ -916,11 +943,12 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             for name, shape, _ in sites:
                 draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
             return Posterior.detached(
-                method=meta["method"], kind=_kind(meta), draws=draws, info=_info(meta, arrays), options=meta["options"],
+                method=meta["method"], kind=meta["kind"], draws=draws, records=_records(folder, meta, arrays),
+                info=_info(meta, arrays), options=meta["options"],
                 seed=meta["seed"], wall_time_s=meta["wall_time_s"],
                 diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
-                sampler=_kind(meta) in ("chains", "members"),
+                sampler=meta["kind"] in ("chains", "members"),
             ), resume, meta
         if not callable(model):
             raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
@@ -945,8 +973,9 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         except (ValueError, TypeError, KeyError) as error:
             raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
     posterior = Posterior(
-        method=meta["method"], kind=_kind(meta), problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
-        info=_info(meta, arrays), options=meta["options"], seed=meta["seed"], approximation=family,
+        method=meta["method"], kind=meta["kind"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
+        **_records(folder, meta, arrays), info=_info(meta, arrays), options=meta["options"], seed=meta["seed"],
+        approximation=family,
         wall_time_s=meta["wall_time_s"],
     )
     if problem.local_sites:

@@ -14,6 +14,7 @@ from functools import partial
 from ppl._data import validate_inputs
 from ppl._errors import OptionError
 from ppl._results import POSTERIOR_KINDS, Prediction
+from ppl._records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = ["Posterior", "as_key", "PREDICT_MODES"]
@@ -191,7 +192,12 @@ class Posterior:
             ensemble's separate optima, one per chain slot) or ``"mixture"``; the diagnostics read it.
         num_chains, num_draws: layout of ``draws``.
         draws: dict site -> array (chain, draw, *site_shape), constrained space.
-        info: method-specific record (losses, divergences, step sizes, log evidence, ...).
+        status: how the run ended (:class:`RunStatus`: interrupted, failed, converged, ...).
+        trace: the optimisation's loss curve (:class:`TrainingTrace`), None for samplers.
+        chain_stats: per-transition statistics of Markov chains (:class:`ChainStats`), else None.
+        evidence: log evidence and bounds the method computed itself (:class:`Evidence`), else None.
+        info: what is particular to one method (its guide, a prior precision, SWAG's snapshot
+            count, ...); shared code reads only the typed records above.
         wall_time_s, seed, options: how it was produced.
         approximation: the fitted family (``Gaussian``, ``PointMass``) for density methods; None for
             samplers.
@@ -204,6 +210,10 @@ class Posterior:
         kind: str,
         problem,
         flat_draws,
+        status: RunStatus | None = None,
+        trace: TrainingTrace | None = None,
+        chain_stats: ChainStats | None = None,
+        evidence: Evidence | None = None,
         info: dict | None = None,
         options: dict | None = None,
         seed=None,
@@ -222,6 +232,8 @@ class Posterior:
         self.problem = problem
         self.flat_draws = flat_draws
         self.num_chains, self.num_draws = int(flat_draws.shape[0]), int(flat_draws.shape[1])
+        self.status = RunStatus() if status is None else status
+        self.trace, self.chain_stats, self.evidence = trace, chain_stats, evidence
         self.info = dict(info or {})
         self.options = dict(options or {})
         self.seed = seed
@@ -242,7 +254,8 @@ class Posterior:
         self._cache: dict = {}
 
     @classmethod
-    def detached(cls, *, method, kind, draws, info, options, seed, wall_time_s, diagnostics, program, folder, sampler):
+    def detached(cls, *, method, kind, draws, records, info, options, seed, wall_time_s, diagnostics, program, folder,
+                 sampler):
         """A loaded run of a plain NumPyro program whose program was not passed back.
 
         It holds the constrained draws, the saved diagnostics and the metadata. Everything that
@@ -255,6 +268,7 @@ class Posterior:
         self.draws = {k: np.asarray(v) for k, v in draws.items()}
         first = next(iter(self.draws.values()))
         self.num_chains, self.num_draws = int(first.shape[0]), int(first.shape[1])
+        self.status, self.trace, self.chain_stats, self.evidence = (records[name] for name in RECORDS)
         self.info, self.options, self.seed = dict(info), dict(options), seed
         self.wall_time_s = float(wall_time_s)
         self.resume_state = self.fingerprint = None

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Prediction", "Diagnostics", "THRESHOLDS", "POSTERIOR_KINDS"]
+__all__ = ["Prediction", "Diagnostics", "Check", "THRESHOLDS", "POSTERIOR_KINDS"]
 
 # What a posterior's draws are, as its method declares it; the diagnostics read it.
 #   chains       Markov chains (R-hat and ESS across and within them)
@@ -84,11 +85,23 @@ class Prediction:
         return peak + np.log(np.mean(np.exp(log_dens - peak), axis=0))
 
 
+class Check(NamedTuple):
+    """One test the diagnostics made: which figure, its value, the threshold it was held to (None
+    for a yes/no test), whether it passed, and — when it failed — what that means and what to do."""
+
+    field: str  # a Diagnostics field ("rhat_function_max", "khat", ...) or a run record's ("status.converged")
+    value: float | int | bool | str | None
+    threshold: float | int | None
+    passed: bool
+    message: str
+
+
 @dataclass
 class Diagnostics:
     """One record, the same fields for every method; a field that does not apply is None, and
-    ``notes`` says why. ``ok`` is False when any applicable threshold is violated; ``warnings`` say
-    which, in words a user can act on."""
+    ``notes`` says why. ``checks`` lists every test made (:class:`Check`) and ``ok`` is their
+    conjunction; ``warnings`` hold the failed checks' messages, in words a user can act on, then
+    advisory ones that fail nothing (tree depth hits, unreliable PSIS-LOO)."""
 
     method: str
     num_chains: int
@@ -111,14 +124,22 @@ class Diagnostics:
     warnings: list = field(default_factory=list)
     ok: bool = True
     notes: dict = field(default_factory=dict)
+    checks: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        record = {f.name: getattr(self, f.name) for f in fields(self)}
+        record["checks"] = [c._asdict() for c in self.checks]
+        return record
+
+    @property
+    def failed(self) -> list:
+        """The checks that failed, in the order they were made."""
+        return [c for c in self.checks if not c.passed]
 
     def __str__(self) -> str:
         rows = [f"Diagnostics — {self.method} ({self.num_chains} chain(s) × {self.num_draws} draws)"]
         for f in fields(self):
-            if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok"):
+            if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks"):
                 continue
             value = getattr(self, f.name)
             if value is None:

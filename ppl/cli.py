@@ -224,7 +224,7 @@ def _fit(args) -> int:
         try:
             diagnostics = posterior.diagnostics()
             # An interrupted run is saved at once: test metrics of a partial result can wait.
-            interrupted = posterior.info.get("interrupted") or _interrupt.requested()
+            interrupted = posterior.status.interrupted or _interrupt.requested()
             metrics, extras = {}, {}
             if not interrupted and args.model == "vae":
                 from ppl.diagnostics.vae import vae_report
@@ -247,7 +247,7 @@ def _fit(args) -> int:
             return 130
     _print_run(record, diagnostics)
     print(f"saved to {out}")
-    if posterior.info.get("interrupted"):
+    if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
               file=sys.stderr)
         return 130

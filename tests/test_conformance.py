@@ -65,6 +65,9 @@ def test_diagnostics_compute(method, linear_model, linear_data):
     assert "Diagnostics" in str(diag)
     assert isinstance(diag.ok, bool)
     assert diag.ok or diag.warnings, "a failed check must say why"
+    # ok is the conjunction of structured checks, each failed one saying why among the warnings
+    assert diag.ok == all(check.passed for check in diag.checks)
+    assert all(check.message in diag.warnings for check in diag.failed)
 
 
 def test_second_same_shaped_fit_does_not_recompile(method, linear_model, linear_data):
@@ -131,14 +134,14 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_mod
     monkeypatch.setattr(_progress, "advance", advance)
     try:
         stopped = ppl.fit(linear_model, linear_data.train, method=method, seed=0)
-        assert stopped.info["interrupted"] and stopped.resume_state is not None
+        assert stopped.status.interrupted and stopped.resume_state is not None
         stopped.save(tmp_path / "partial")
     except ppl.Interrupted as error:
         error.save(tmp_path / "partial")
     monkeypatch.undo()
     resumed = ppl.fit(linear_model, linear_data.train, method=method, seed=0, resume=tmp_path / "partial")
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
-    assert not resumed.info.get("interrupted")
+    assert not resumed.status.interrupted
 
 
 def test_declared_kind_matches_the_diagnostics(method, linear_model, linear_data):

@@ -35,7 +35,7 @@ def test_members_do_not_depend_on_the_ensemble_size_and_member_zero_is_map(cance
     np.testing.assert_allclose(np.asarray(five.flat_draws[0, 0]), np.asarray(single.flat_draws[0, 0]), atol=1e-12)
     # independent initialisations: distinct members
     assert np.min(np.ptp(np.asarray(five.flat_draws[:, 0]), axis=0).max()) > 1e-3
-    assert five.info["losses"].shape == (5, 200)
+    assert five.trace.losses.shape == (5, 200)
 
 
 def test_ensemble_diagnostics_read_the_kind_not_the_layout(cancer, tmp_path):
@@ -47,7 +47,7 @@ def test_ensemble_diagnostics_read_the_kind_not_the_layout(cancer, tmp_path):
     assert "separate optima" in diag.notes["rhat_max"]
     assert "between-mode disagreement" in diag.notes["rhat_function_max"]
     assert not any("R-hat" in w or "stuck" in w for w in diag.warnings)
-    assert diag.ok == bool(post.info["converged"]), diag.warnings
+    assert diag.ok == bool(post.status.converged), diag.warnings
     # predictions average the members
     probs = post.predict(cancer.test.X, seed=0).probs
     assert probs.shape == (len(cancer.test.X), 2)

@@ -26,7 +26,7 @@ def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_p
     # Laplace's Gaussian is close to this near-Gaussian posterior: the two agree there
     assert abs(conf["Laplace"] - conf["Metropolis"]) < 0.03
     # the MAP is a stationary point (where Newton's method stops)
-    assert runs["MAP"]["post"].info["grad_norm"] < 1e-4
+    assert runs["MAP"]["post"].trace.grad_norm < 1e-4
     assert (tmp_path / "logistic_2d.png").stat().st_size > 10_000
     table = (tmp_path / "logistic_2d_table.md").read_text()
     assert table.count("\n|") == 4 and "nan" not in table

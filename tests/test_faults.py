@@ -146,7 +146,7 @@ def test_format_version_mismatch_names_both_versions(saved_run):
     manifest = json.loads((folder / "manifest.json").read_text())
     manifest["format_version"] = 99
     (folder / "manifest.json").write_text(json.dumps(manifest))
-    with pytest.raises(ppl.RunError, match="version 99.*reads version 2"):
+    with pytest.raises(ppl.RunError, match="version 99.*reads version 3"):
         ppl.load(folder)
 
 
@@ -272,16 +272,16 @@ def test_interrupt_mid_chain_keeps_its_draws_and_resumes_bit_for_bit(monkeypatch
     _interrupt_after(monkeypatch, 20)
     part = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
     monkeypatch.undo()
-    assert part.info["interrupted"] and part.num_chains == 1 and part.num_draws == 30
+    assert part.status.interrupted and part.num_chains == 1 and part.num_draws == 30
     np.testing.assert_array_equal(part.draws["w"][0], full.draws["w"][0, : part.num_draws])
     diag = part.diagnostics()
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
     part.save(tmp_path / "partial")
     loaded = ppl.load(tmp_path / "partial")
-    assert loaded.info["interrupted"] and loaded.resume_state is not None
+    assert loaded.status.interrupted and loaded.resume_state is not None
     resumed = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, resume=tmp_path / "partial", **NUTS)
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
-    assert not resumed.info["interrupted"]
+    assert not resumed.status.interrupted
 
 
 def test_interrupt_during_warmup_raises_interrupted_with_a_resumable_state(monkeypatch, tmp_path, linear_model, linear_data):
@@ -305,11 +305,11 @@ def test_interrupted_training_resumes_bit_for_bit(monkeypatch, tmp_path, linear_
     _interrupt_after(monkeypatch, 3)
     part = ppl.fit(linear_model, linear_data.train, method=method, seed=5, **options)
     monkeypatch.undo()
-    assert part.info["interrupted"] and 0 < part.info["steps_done"] < options["steps"]
+    assert part.status.interrupted and 0 < part.status.steps_done < options["steps"]
     part.save(tmp_path / "p")
     resumed = ppl.fit(linear_model, linear_data.train, method=method, seed=5, resume=tmp_path / "p", **options)
     np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
-    np.testing.assert_array_equal(resumed.info["losses"], full.info["losses"])
+    np.testing.assert_array_equal(resumed.trace.losses, full.trace.losses)
 
 
 def test_interrupt_while_svi_finds_its_start_resumes_as_a_fresh_run(monkeypatch, tmp_path, linear_model, linear_data):
@@ -398,7 +398,7 @@ def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
     # Stopping takes one chunk (~0.5 s), then diagnostics, test metrics and the save.
     assert stopped < 30, stopped
     post = ppl.load(out)
-    assert post.info["interrupted"] and post.num_draws > 0 and post.resume_state is not None
+    assert post.status.interrupted and post.num_draws > 0 and post.resume_state is not None
     assert main(["show", str(out)]) == 0
 
 
@@ -456,7 +456,7 @@ def test_minibatch_map_that_is_still_moving_is_not_converged():
     data = ppl.datasets.load("breast_cancer", seed=0)
     model = BNN(hidden=(16,), activation="tanh", likelihood="bernoulli", prior_scale=100.0)
     post = ppl.fit(model, data.train, method="map", seed=0, batch_size=64)
-    assert post.info["converged"] is False, post.info["convergence"]
+    assert post.status.converged is False, post.status.convergence
     assert not post.diagnostics().ok
 
 
@@ -464,7 +464,7 @@ def test_lbfgs_thrown_off_by_a_huge_input_is_not_converged(linear_data):
     X, y = (np.array(a, dtype=float) for a in linear_data.train)
     X[0, 0] = 1e30
     post = ppl.fit(LinearRegression(noise_scale=0.5), (X, y), method="map", seed=0)
-    assert post.info["converged"] is False and "above the best" in post.info["convergence"]
+    assert post.status.converged is False and "above the best" in post.status.convergence
     assert not post.diagnostics().ok
 
 
@@ -476,24 +476,24 @@ def test_lbfgs_at_a_loss_of_1e31_finds_the_right_answer(linear_data):
     least_squares = np.linalg.lstsq(design, y, rcond=None)[0]
     found = np.concatenate([post.draws["w"][0, 0], post.draws["b"][0, 0][None]])
     np.testing.assert_allclose(found, least_squares, atol=1e-10)
-    assert post.info["converged"] is True
+    assert post.status.converged is True
 
 
 def test_a_run_that_never_moved_is_not_converged():
     from ppl.inference.optimize import loss_convergence
 
     flat = np.full(400, 3.0)
-    assert loss_convergence(flat, 400, moved=True, stochastic=False)["converged"] is True
-    verdict = loss_convergence(flat, 400, moved=False, stochastic=False)
-    assert verdict["converged"] is False and "never moved" in verdict["convergence"]
+    assert loss_convergence(flat, 400, moved=True, stochastic=False)[0].converged is True
+    verdict, _ = loss_convergence(flat, 400, moved=False, stochastic=False)
+    assert verdict.converged is False and "never moved" in verdict.convergence
 
 
 def test_healthy_optimisers_are_converged(linear_model, linear_data):
     for options in ({}, {"batch_size": 32, "steps": 3000}):
         post = ppl.fit(linear_model, linear_data.train, method="map", seed=0, **options)
-        assert post.info["converged"] is True, (options, post.info["convergence"])
+        assert post.status.converged is True, (options, post.status.convergence)
     svi = ppl.fit(linear_model, linear_data.train, method="svi", seed=0)
-    assert svi.info["converged"] is True, svi.info["convergence"]
+    assert svi.status.converged is True, svi.status.convergence
 
 
 def test_diverging_learning_rate_stops_at_the_first_bad_chunk_with_a_partial_result(linear_data):
@@ -503,7 +503,7 @@ def test_diverging_learning_rate_stops_at_the_first_bad_chunk_with_a_partial_res
         ppl.fit(model, (X, y * 1e150), method="svi", seed=0, learning_rate=1e3, steps=400)
     partial = failure.value.partial
     assert all(np.all(np.isfinite(v)) for v in failure.value.last_finite_params.values())
-    assert partial is not None and 0 < partial.info["steps_done"] <= failure.value.step
+    assert partial is not None and 0 < partial.status.steps_done <= failure.value.step
     assert not partial.diagnostics().ok and any("failed" in w for w in partial.diagnostics().warnings)
 
 
@@ -633,7 +633,7 @@ def test_hmc_on_a_badly_scaled_posterior_finishes_and_says_why(linear_data):
     X, y = linear_data.train
     post = ppl.fit(LinearRegression(noise_scale=0.5), (np.asarray(X) * 1e150, y), method="hmc", seed=0,
                    num_warmup=150, num_samples=150, num_chains=2)
-    assert post.info["leapfrog_cap_hits"] > 0
+    assert post.chain_stats.leapfrog_cap_hits > 0
     diag = post.diagnostics()
     assert not diag.ok and any("leapfrog steps" in w for w in diag.warnings)
 
@@ -787,7 +787,7 @@ def test_an_edited_invocation_is_refused_on_resume(tmp_path, monkeypatch, capsys
 
 def test_a_delta_guide_that_barely_moved_is_not_converged(linear_model, linear_data):
     post = ppl.fit(linear_model, linear_data.train, method="svi", guide="delta", init="prior", learning_rate=1e-5, seed=0)
-    assert post.info["converged"] is False and "gradient" in post.info["convergence"]
+    assert post.status.converged is False and "gradient" in post.status.convergence
     assert not post.diagnostics().ok
 
 

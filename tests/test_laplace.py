@@ -48,9 +48,9 @@ def test_exact_structures_equal_the_closed_form(hessian, linear_model, linear_da
     q = post.approximation
     np.testing.assert_allclose(np.asarray(q.mean), linear_truth["mean"], atol=1e-6)
     np.testing.assert_allclose(np.asarray(q.covariance()), linear_truth["cov"], atol=1e-6)
-    assert abs(post.info["log_evidence"] - linear_truth["log_evidence"]) < 1e-6
+    assert abs(post.evidence.log_evidence - linear_truth["log_evidence"]) < 1e-6
     assert post.diagnostics().log_evidence == pytest.approx(linear_truth["log_evidence"], abs=1e-6)
-    assert post.info["converged"] is True
+    assert post.status.converged is True
 
 
 @pytest.mark.parametrize("tempering", ["likelihood", "cold"])
@@ -146,7 +146,7 @@ def test_marglik_finds_the_closed_form_optimum_and_compiles_once(linear_data):
     assert abs(post.info["prior_precision"][0] / best - 1) < 0.02
     # the result's model is the model with the tuned prior, and its evidence is the closed form's there
     assert post.problem.model.prior_scale == pytest.approx(post.info["prior_precision"][0] ** -0.5)
-    assert post.info["log_evidence"] == pytest.approx(-neg_evidence(math.log(post.info["prior_precision"][0])), abs=1e-6)
+    assert post.evidence.log_evidence == pytest.approx(-neg_evidence(math.log(post.info["prior_precision"][0])), abs=1e-6)
     # Compiles once: after one warm-up fit, fits on new data values of the same shape trace exactly
     # as often with 2 rounds as with 6 (only the tuned model's final problem is new each time).
     counts = []
@@ -362,7 +362,7 @@ def test_bad_input_is_refused_with_clear_errors(cancer, linear_data):
         ppl.fit(_saddle_program, program_data, method="laplace", seed=0, init="zeros")
     # an unconverged MAP: the gradient norm is reported, ok is False
     post = ppl.fit(model, data.train, method="laplace", seed=0, steps=2, num_draws=100)
-    assert post.info["converged"] is False and "gradient norm" in post.info["convergence"]
+    assert post.status.converged is False and "gradient norm" in post.status.convergence
     diag = post.diagnostics()
     assert not diag.ok and any("non-stationary" in w for w in diag.warnings)
 
@@ -421,7 +421,7 @@ def test_ctrl_c_during_the_map_search_is_reported_not_hidden(method, monkeypatch
     _interrupt_after(monkeypatch, 2)
     post = ppl.fit(linear_model, linear_data.train, method=method, seed=0, steps=2000, num_draws=100,
                    init="prior")
-    assert post.info["interrupted"] and post.info["steps_done"] < 2000
+    assert post.status.interrupted and post.status.steps_done < 2000
     diag = post.diagnostics()
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
 
@@ -558,7 +558,7 @@ def test_a_float32_run_factorises_its_curvature_in_float64():
                            subset="all", hessian=h)
             cov = np.asarray(post.approximation.covariance(), float)
             out[h] = {"dtype": str(post.approximation.loc.dtype), "cov": float(np.max(np.abs(cov - C)) / np.max(np.abs(C))),
-                      "logz": float(post.info["log_evidence"] - logz), "cond": float(np.linalg.cond(P))}
+                      "logz": float(post.evidence.log_evidence - logz), "cond": float(np.linalg.cond(P))}
         print(json.dumps(out))
     """)
     env = {k: v for k, v in os.environ.items() if k != "JAX_ENABLE_X64"}

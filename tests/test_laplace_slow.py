@@ -28,7 +28,7 @@ def test_marglik_learns_the_noise_of_a_sine_regression():
     # σ̂ from 150 residuals has a relative sd of about 1/√(2·150) ≈ 6%: 0.05 is about 3 sd at 0.3
     assert abs(post.info["noise_scale"] - 0.3) < 0.05
     assert post.problem.model.noise_scale == pytest.approx(post.info["noise_scale"])
-    assert post.info["converged"]
+    assert post.status.converged
     # inside the data the predictive sd is close to the noise; outside it grows
     pred = post.predict(np.array([[4.0], [12.0]]), seed=0, mode="linearized")
     assert np.sqrt(pred.variance[0]) < 0.45 < np.sqrt(pred.variance[1])

@@ -58,7 +58,7 @@ def test_svi_full_rank_defaults_match_exact(linear_data, linear_model, linear_tr
     post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="full_rank")
     q = post.approximation
     sd_true = np.sqrt(np.diag(linear_truth["cov"]))
-    assert post.info["converged"]
+    assert post.status.converged
     assert np.all(np.abs(np.asarray(q.mean) - linear_truth["mean"]) <= 0.1 * sd_true)
     np.testing.assert_allclose(np.sqrt(np.asarray(q.variance())), sd_true, rtol=0.15)
     diag = post.diagnostics()
@@ -75,7 +75,7 @@ def test_svi_mean_field_reaches_closed_form_optimum(linear_data, linear_model, l
     # The correlated inputs make the mean-field optimum of the weights much narrower than their exact
     # marginals (the bias, last, is nearly uncorrelated with them).
     assert np.all(exact_var[:-1] / optimum_var[:-1] > 2.0)
-    assert post.info["converged"]
+    assert post.status.converged
     np.testing.assert_allclose(np.asarray(q.variance()), optimum_var, rtol=0.15)
     assert np.all(np.abs(np.asarray(q.mean) - linear_truth["mean"]) <= 0.1 * np.sqrt(optimum_var))
 
@@ -102,7 +102,7 @@ def test_likelihood_tempering_matches_its_closed_form_under_nuts_and_full_rank_s
     np.testing.assert_allclose(draws.std(axis=(0, 1)), sd_true, rtol=0.10)  # ESS ≥ 1000: 5 sigma of an sd
     svi = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="full_rank", temperature=3.0)
     q = svi.approximation
-    assert svi.info["converged"]
+    assert svi.status.converged
     assert np.all(np.abs(np.asarray(q.mean) - truth["mean"]) <= 0.1 * sd_true)
     np.testing.assert_allclose(np.sqrt(np.asarray(q.variance())), sd_true, rtol=0.15)
 

@@ -35,7 +35,7 @@ def test_metropolis_matches_a_long_nuts_run():
     assert np.all(np.abs(m1 - m2) <= 4 * np.sqrt(s1**2 / e1 + s2**2 / e2))
     # sds: the standard error of an sd estimate is about sd/√(2 ESS)
     assert np.all(np.abs(s1 - s2) <= 4 * np.sqrt(s1**2 / (2 * e1) + s2**2 / (2 * e2)))
-    assert np.all((mh.info["accept_rate"] > 0.15) & (mh.info["accept_rate"] < 0.35))
+    assert np.all((mh.chain_stats.accept_prob > 0.15) & (mh.chain_stats.accept_prob < 0.35))
     diag = mh.diagnostics()
     assert diag.ok, diag.warnings
     assert diag.rhat_max < 1.01 and diag.ess_bulk_min > 400

@@ -100,7 +100,7 @@ def test_plain_numpyro_program_with_dict_data(tmp_path):
 
 def test_hmc_runs_and_records_step_size(linear_model, linear_data):
     post = ppl.fit(linear_model, linear_data.train, method="hmc", seed=0, num_chains=2, num_warmup=200, num_samples=200)
-    assert post.info["step_size"].shape == (2,)
+    assert post.chain_stats.step_size.shape == (2,)
     assert post.diagnostics().tree_depth_hits is None
 
 
@@ -117,7 +117,7 @@ def test_full_size_minibatches_equal_full_batch_training(linear_model, linear_da
     full = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, init="median")
     batched = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=300, batch_size=n, init="median")
     np.testing.assert_allclose(np.asarray(batched.approximation.mean), np.asarray(full.approximation.mean), rtol=1e-8)
-    np.testing.assert_allclose(batched.info["losses"], full.info["losses"], rtol=1e-9)
+    np.testing.assert_allclose(batched.trace.losses, full.trace.losses, rtol=1e-9)
 
 
 def test_nuts_refuses_draws_that_do_not_fit(linear_model, linear_data):

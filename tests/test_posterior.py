@@ -31,7 +31,7 @@ def test_save_load_round_trip(tmp_path, nuts_linear, linear_data):
     assert loaded.method == "nuts" and loaded.options == nuts_linear.options
     for site in nuts_linear.draws:
         np.testing.assert_array_equal(loaded.draws[site], nuts_linear.draws[site])
-    np.testing.assert_array_equal(loaded.info["diverging"], nuts_linear.info["diverging"])
+    np.testing.assert_array_equal(loaded.chain_stats.diverging, nuts_linear.chain_stats.diverging)
     a, b = loaded.diagnostics(), nuts_linear.diagnostics()
     assert a.rhat_max == b.rhat_max and a.elpd_loo == b.elpd_loo
     pa = loaded.predict(linear_data.test.X, seed=1)

@@ -160,7 +160,7 @@ def test_default_full_rank_svi_matches_reference_posterior(posterior):
     diagnostics = post.diagnostics()
     rows = posteriordb.compare(case.stan_draws(post.draws, reference), reference)
     report = "\n".join(str(row) for row in rows)
-    assert post.info["converged"], post.info["convergence"]
+    assert post.status.converged, post.status.convergence
     assert diagnostics.ok, f"{diagnostics.warnings}\n{report}"
     for row in rows:
         assert row.z_sd < MEAN_SD_TOL, f"{row.name}: |Δmean|/ref_sd = {row.z_sd:.3f}\n{report}"

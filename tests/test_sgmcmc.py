@@ -43,7 +43,7 @@ def test_defaults_land_on_the_conjugate_posterior(method, fits, linear_truth):
 def test_the_predicted_variance_inflation_is_measured_and_fails_the_diagnostics(linear_model, linear_data, linear_truth):
     # ε = 1.5 (whitened units) predicts a stationary variance 4.75× the posterior's; measured ≈ 4.7
     post = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, step_size=1.5)
-    predicted = post.info["variance_inflation"]
+    predicted = post.chain_stats.variance_inflation
     measured = flat_params(post.draws).reshape(-1, 4).var(axis=0) / np.diag(linear_truth["cov"])
     assert predicted == pytest.approx(4.75, rel=1e-6)
     # ESS > 1000 here: the variance ratio's MC error is a few percent
@@ -51,7 +51,7 @@ def test_the_predicted_variance_inflation_is_measured_and_fails_the_diagnostics(
     diag = post.diagnostics()
     assert not diag.ok and any("inflate the stationary variance" in w for w in diag.warnings)
     default = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0)
-    assert default.info["variance_inflation"] < 1.1
+    assert default.chain_stats.variance_inflation < 1.1
 
 
 def test_whitening_inverts_the_curvature(linear_model, linear_data, linear_truth):
@@ -83,15 +83,34 @@ def test_ctrl_c_keeps_the_draws_so_far_and_never_looks_complete(monkeypatch, lin
 
     _interrupt_after(monkeypatch, 2)  # after warmup and the first chunk of draws
     post = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0)
-    assert post.info["interrupted"] and 0 < post.num_draws < 1000
+    assert post.status.interrupted and 0 < post.num_draws < 1000
     diag = post.diagnostics()
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
     monkeypatch.undo()
-    _interrupt_after(monkeypatch, 1)  # during warmup: no draws at all
+    _interrupt_after(monkeypatch, 1)  # during warmup: no draws yet, the warmed-up chains are kept
     with pytest.raises(ppl.Interrupted, match="before the first draw") as caught:
         ppl.fit(linear_model, linear_data.train, method="sgld", seed=0)
-    with pytest.raises(ppl.RunError, match="nothing to save"):
-        caught.value.save(tmp_path / "x")
+    caught.value.save(tmp_path / "warm")
+    monkeypatch.undo()
+    resumed = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, resume=tmp_path / "warm")
+    full = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0)
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+    assert not resumed.status.interrupted and resumed.diagnostics().ok
+
+
+def test_checkpoints_resume_mh_exactly_with_its_acceptance_count(linear_model, linear_data, tmp_path):
+    options = dict(num_warmup=200, num_samples=450, num_chains=2)
+    full = ppl.fit(linear_model, linear_data.train, method="mh", seed=0, **options)
+    ppl.fit(linear_model, linear_data.train, method="mh", seed=0, checkpoint=tmp_path / "ck", checkpoint_every=200,
+            **options)
+    partial = ppl.load(tmp_path / "ck")  # the last checkpoint written: after 400 of 450 draws
+    assert partial.status.interrupted and partial.num_draws == 400 and not partial.diagnostics().ok
+    resumed = ppl.fit(linear_model, linear_data.train, method="mh", seed=0, resume=tmp_path / "ck", **options)
+    np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+    np.testing.assert_array_equal(resumed.chain_stats.accept_prob, full.chain_stats.accept_prob)
+    with pytest.raises(ppl.ResumeError, match="does not fit a run of 2 chains × 300 draws|another run"):
+        ppl.fit(linear_model, linear_data.train, method="mh", seed=0, resume=tmp_path / "ck",
+                **{**options, "num_samples": 300})
 
 
 @pytest.mark.parametrize("method", ["sgld", "sghmc"])
@@ -102,8 +121,8 @@ def test_an_outlier_s_gradient_noise_is_measured_not_assumed(method, linear_mode
     X, y = (np.array(a, dtype=float) for a in linear_data.train)
     y[0] = 1e12
     post = ppl.fit(linear_model, (X, y), method=method, seed=0, num_warmup=0)
-    assert post.info["variance_inflation"] > 1e10
+    assert post.chain_stats.variance_inflation > 1e10
     diag = post.diagnostics()
     assert not diag.ok and any("check the data for outliers" in w for w in diag.warnings)
     clean = ppl.fit(linear_model, linear_data.train, method=method, seed=0)
-    assert clean.info["variance_inflation"] < 1.1  # measured scatter 0.23 against the assumed 0.25
+    assert clean.chain_stats.variance_inflation < 1.1  # measured scatter 0.23 against the assumed 0.25

@@ -112,12 +112,44 @@ def test_ctrl_c_during_swag_never_yields_a_result_that_looks_complete(after, mon
         post = ppl.fit(linear_model, linear_data.train, method="swag", seed=0, swag_steps=3000, collect_every=2,
                        init="prior")
     except ppl.Interrupted as error:
-        # stopped in pre-training, or before two iterates were collected: nothing to return
-        assert "interrupted" in str(error)
+        # stopped in pre-training, or before two iterates were collected: no result, but the state
+        assert "interrupted" in str(error) and error.resume_state is not None
         return
-    assert post.info["interrupted"] and post.info["steps_done"] < 3000
+    assert post.status.interrupted and post.status.steps_done < 3000
     diag = post.diagnostics()
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
+
+
+@pytest.mark.parametrize("method", ["swag", "multiswag"])
+def test_ctrl_c_in_pre_training_resumes_to_the_uninterrupted_run(method, monkeypatch, linear_model, linear_data, tmp_path):
+    from test_faults import _interrupt_after
+
+    options = dict(swag_steps=400)
+    _interrupt_after(monkeypatch, 2)  # the first progress reports are the MAP pre-training's
+    with pytest.raises(ppl.Interrupted, match="interrupted") as caught:
+        ppl.fit(linear_model, linear_data.train, method=method, seed=0, **options)
+    assert caught.value.resume_state.progress["phase"] == "pretrain"
+    caught.value.save(tmp_path / "pre")
+    # Ctrl-C again and again, each time after some progress, until the run completes
+    phases, folder = ["pretrain"], tmp_path / "pre"
+    for attempt in range(40):
+        monkeypatch.undo()
+        _interrupt_after(monkeypatch, 5)  # after chunks sized to time, not the first small ones
+        try:
+            post = saver = ppl.fit(linear_model, linear_data.train, method=method, seed=0, resume=folder, **options)
+        except ppl.Interrupted as error:  # in pre-training, or fewer than two iterates collected yet
+            post, saver = None, error
+        if saver.resume_state is None:
+            break
+        phases.append(saver.resume_state.progress["phase"])
+        folder = tmp_path / f"attempt{attempt}"
+        saver.save(folder)
+    monkeypatch.undo()
+    assert post is not None and not post.status.interrupted
+    assert "swag" in phases and phases == sorted(phases, key=["pretrain", "swag"].index), phases
+    full = ppl.fit(linear_model, linear_data.train, method=method, seed=0, **options)
+    np.testing.assert_array_equal(post.flat_draws, full.flat_draws)
+    assert post.info["map_converged"] == full.info["map_converged"]
 
 
 def test_multiswag_is_a_mixture_whose_first_member_is_swag(linear_model, linear_data, swag_linear):
@@ -131,7 +163,7 @@ def test_multiswag_is_a_mixture_whose_first_member_is_swag(linear_model, linear_
                                atol=1e-12)
     diag = post.diagnostics()
     assert diag.khat is not None and diag.elbo is not None
-    assert post.info["losses"].shape == (3, 1000)
+    assert post.trace.losses.shape == (3, 1000)
 
 
 def test_multiswag_from_an_ensemble_and_its_refusals(linear_model, linear_data):
