@@ -111,6 +111,49 @@ def test_edited_metadata_with_resealed_checksums_fails_the_schema(saved_run, fie
         ppl.load(folder)
 
 
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda r: r["status"].update(interrupted="no"), "status.interrupted"),
+        (lambda r: r["status"].update(converged=1), "status.converged"),  # an int is not a bool here
+        (lambda r: r["status"].update(pwned=True), "status.pwned"),
+        (lambda r: r.pop("chain_stats"), "records"),
+        (lambda r: r.update(status=None), "records.status"),
+        (lambda r: r["trace"].update(losses=[1.0]), "trace.losses"),  # arrays live in arrays.npz only
+    ],
+)
+def test_edited_run_records_are_refused(saved_run, edit, match):
+    folder, _ = saved_run
+    meta = json.loads((folder / "posterior.json").read_text())
+    edit(meta["records"])
+    (folder / "posterior.json").write_text(json.dumps(meta))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match=match):
+        ppl.load(folder)
+
+
+def test_run_record_arrays_of_the_wrong_shape_are_refused(tmp_path, linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_chains=2, num_warmup=50, num_samples=40)
+    post.save(tmp_path / "r")
+    with np.load(tmp_path / "r" / "arrays.npz") as stored:
+        arrays = dict(stored)
+    arrays["records/chain_stats/diverging"] = np.zeros((2, 39), dtype=bool)  # one transition short
+    np.savez(tmp_path / "r" / "arrays.npz", **arrays)
+    reseal(tmp_path / "r")
+    with pytest.raises(ppl.RunError, match=r"records/chain_stats/diverging.*shape \[2, 39\]"):
+        ppl.load(tmp_path / "r")
+
+
+def test_a_diagnostics_record_whose_ok_contradicts_its_checks_is_refused(saved_run):
+    folder, _ = saved_run
+    record = json.loads((folder / "diagnostics.json").read_text())
+    record["ok"] = not all(check["passed"] for check in record["checks"])  # a verdict its checks contradict
+    (folder / "diagnostics.json").write_text(json.dumps(record))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match="conjunction"):
+        ppl.load(folder)
+
+
 def test_pickled_arrays_are_refused(saved_run):
     folder, _ = saved_run
     np.savez(folder / "arrays.npz", flat_draws=np.array([object()], dtype=object))
