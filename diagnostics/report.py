@@ -121,8 +121,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
             continue
         found.check(
             field, value, THRESHOLDS["rhat"], value <= THRESHOLDS["rhat"],
-            f"{label} {value:.3f} > {THRESHOLDS['rhat']}: chains disagree — run longer (num_warmup, num_samples) "
-            "or reparameterise",
+            f"{label} {value:.3f} > {THRESHOLDS['rhat']}: chains disagree — {_next_step(posterior, 'mixing')}",
         )
     ess_needed = THRESHOLDS["ess_per_chain"] * posterior.num_chains
     if not symmetric:
@@ -131,7 +130,8 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
             if value is not None:
                 found.check(
                     field, value, ess_needed, value >= ess_needed,
-                    f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — draw more samples",
+                    f"{label} ESS {value:.0f} < {ess_needed} (100 per chain): estimates are noisy — "
+                    f"{_next_step(posterior, 'mixing')}",
                 )
     else:
         found.note(("ess_bulk_min", "ess_tail_min"), "weight-space ESS; see the note on rhat_max")
@@ -146,7 +146,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
                 found.check(
                     f"function_ess_{label}_min", value, ess_needed, value >= ess_needed,
                     f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): the network's outputs "
-                    "are estimated from too few effective draws — draw more samples",
+                    f"are estimated from too few effective draws — {_next_step(posterior, 'mixing')}",
                 )
     stuck = _stuck_chains(posterior)
     found.check(
@@ -278,8 +278,8 @@ def _density_checks(posterior, found: _Findings):
     if not degenerate:
         found.check(
             "khat", record.khat, record.khat_threshold, record.khat <= record.khat_threshold,
-            f"PSIS k-hat {record.khat:.2f} > {record.khat_threshold:.2f}: the approximation q misses the posterior's "
-            "tails — do not trust its uncertainty; try a richer guide or NUTS",
+            f"PSIS k-hat {_apart(record.khat, record.khat_threshold)}: the approximation q misses the posterior's "
+            f"tails — do not trust its uncertainty; {_next_step(posterior, 'fit')}",
         )
     return log_ratios
 
@@ -300,8 +300,8 @@ def _run_checks(posterior, found: _Findings) -> None:
     if status.converged is not None:
         found.check(
             "status.converged", status.converged, None, status.converged,
-            f"the optimisation did not converge: {status.convergence or 'the loss did not settle'} — raise steps, "
-            "or adjust learning_rate",
+            f"the optimisation did not converge: {status.convergence or 'the loss did not settle'} — "
+            f"{_next_step(posterior, 'steps')}",
         )
     if trace is not None and trace.kl_warmup:
         warmup = int(trace.kl_warmup)
@@ -323,7 +323,7 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
     record, problem = found.record, posterior.problem
     total_draws = posterior.num_chains * posterior.num_draws
     loo_unavailable = problem.spec.no_pointwise_reason
-    fields = ("elpd_loo", "loo_khat_max")
+    fields = ("elpd_loo", "elpd_loo_se", "loo_khat_max", "loo_khat_bad")
     if nonfinite:
         found.note(fields, "not assessed: the draws hold NaN or inf")
         return
@@ -339,24 +339,44 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
     loglik = posterior.pointwise_log_likelihood()
     flat = loglik.reshape(total_draws, -1)
     if posterior.kind == "chains":
-        elpd, _, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
+        elpd, se, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
     else:
         usable = record.khat is not None and record.khat <= record.khat_threshold
-        elpd, _, k = psis_loo(flat, log_correction=log_ratios if usable else None)
+        elpd, se, k = psis_loo(flat, log_correction=log_ratios if usable else None)
         if not usable and log_ratios is not None:
             record.notes["elpd_loo"] = (
                 "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
             )
-    record.elpd_loo = finite_or_none(elpd)
+    record.elpd_loo, record.elpd_loo_se = finite_or_none(elpd), finite_or_none(se)
+    if record.elpd_loo is None:
+        record.notes["elpd_loo_se"] = "elpd_loo is not finite"
     record.loo_khat_max = None if np.isnan(np.max(k)) else float(np.max(k))
+    record.loo_khat_bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
     if record.loo_khat_max == float("-inf"):
         record.notes["loo_khat_max"] = "every observation's importance weights are bounded (no Pareto tail to fit)"
-    if record.loo_khat_max is not None and record.loo_khat_max > THRESHOLDS["loo_khat"]:
-        bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
+    if record.loo_khat_bad:
         found.warn(
-            f"PSIS-LOO k-hat > 0.7 for {bad} observation(s): elpd_loo is unreliable for them — "
-            "use K-fold cross-validation or more draws"
+            f"PSIS-LOO k-hat > 0.7 for {record.loo_khat_bad} of {k.shape[0]} observation(s): elpd_loo is unreliable "
+            "for them (a statement about the estimate, not the posterior) — use K-fold cross-validation "
+            "(ppl.kfold, or ppl fit --kfold 10) or the held-out test log-likelihood"
         )
+
+
+def _apart(value: float, threshold: float) -> str:
+    """'value > threshold' with as many decimals as it takes to tell them apart (up to 4)."""
+    for digits in (2, 3, 4):
+        if f"{value:.{digits}f}" != f"{threshold:.{digits}f}":
+            break
+    return f"{value:.{digits}f} > {threshold:.{digits}f}"
+
+
+def _next_step(posterior, topic: str) -> str:
+    """The next thing to try for a failed check: the method's own advice (``Method.remedy``)."""
+    from ppl.inference._base import Method
+    from ppl.inference.registry import METHODS, get
+
+    cls = get(posterior.method) if posterior.method in METHODS else Method
+    return cls.remedy(posterior, topic)
 
 
 def _member_notes(posterior, notes: dict) -> None:

@@ -51,6 +51,18 @@ class Method:
         such as svi with a point-mass guide, overrides this)."""
         return self.kind
 
+    @classmethod
+    def remedy(cls, posterior, topic: str) -> str:
+        """What to try when a check fails, in the method's own options. ``topic``: ``"fit"`` (the
+        approximation misses the posterior: k-hat), ``"mixing"`` (R-hat or ESS), ``"steps"`` (the
+        optimisation did not converge). Methods override it with advice about their options."""
+        if topic == "fit":
+            return "try method='nuts' (or a richer approximation)"
+        if topic == "mixing":
+            return "raise num_warmup and num_samples (or lower step_size)"
+        steps = (posterior.options or {}).get("steps")
+        return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"
+
     def stored_draws(self) -> int:
         """How many draws of the flat parameter vector the result will hold (for the memory check)."""
         return 1

@@ -94,6 +94,15 @@ class Laplace(Method):
     init: Any = "prior"
     marglik_rounds: int = 8
 
+    @classmethod
+    def remedy(cls, posterior, topic):
+        hessian = posterior.info.get("hessian")
+        if topic == "fit" and hessian not in (None, "full"):
+            return f"hessian={hessian!r} simplifies the curvature: try hessian='full' (small models), or method='nuts'"
+        if topic == "fit":
+            return "the posterior is not Gaussian around its mode: try method='nuts' (or 'mola' for several modes)"
+        return super().remedy(posterior, topic)
+
     def __post_init__(self):
         super().__post_init__()
         if isinstance(self.subset, str):

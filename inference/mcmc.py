@@ -167,6 +167,12 @@ class _MCMC(Method):
     init: str = "uniform"
     chain_method: str = "sequential"
 
+    @classmethod
+    def remedy(cls, posterior, topic):
+        if topic == "mixing":
+            return "raise num_warmup and num_samples, or reparameterise"
+        return super().remedy(posterior, topic)
+
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "num_warmup", self.num_warmup, allow_zero=True)

@@ -40,6 +40,12 @@ class MH(_WhitenedChains):
 
     target_accept: float = 0.234
 
+    @classmethod
+    def remedy(cls, posterior, topic):
+        if topic == "mixing":
+            return "a random walk needs many steps per draw: raise num_samples and thinning, or use method='nuts'"
+        return super().remedy(posterior, topic)
+
     def __post_init__(self):
         super().__post_init__()
         if not 0.0 < self.target_accept < 1.0:

@@ -218,6 +218,15 @@ class SVI(Method):
     flow_hidden: int | None = None
     local_reparam: bool = False
 
+    @classmethod
+    def remedy(cls, posterior, topic):
+        guide = posterior.info.get("guide")
+        if topic == "fit" and guide in ("mean_field", "low_rank"):
+            return f"the {guide} guide is far from the posterior: try guide='full_rank' (or 'flow'), or method='nuts'"
+        if topic == "fit" and guide == "full_rank":
+            return "a Gaussian guide is far from the posterior: try guide='flow', or method='nuts'"
+        return super().remedy(posterior, topic)
+
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.name, "guide", self.guide, ("auto",) + GUIDES)

@@ -114,6 +114,13 @@ class SWAG(Method):
     batch_size: int | None = None
     num_draws: int = 1000
 
+    @classmethod
+    def remedy(cls, posterior, topic):
+        if topic == "fit":
+            return ("SWAG's spread follows the SGD noise, not the posterior: tune learning_rate and scale, or use "
+                    "method='laplace' or 'nuts'")
+        return super().remedy(posterior, topic)
+
     def __post_init__(self):
         super().__post_init__()
         for option in ("steps", "swag_steps", "collect_every", "num_draws"):

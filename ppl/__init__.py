@@ -17,6 +17,7 @@ from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionErro
 from ppl._evaluate import compare, evaluate
 from ppl._fit import fit
 from ppl._io import load
+from ppl._kfold import KFold, kfold
 from ppl._posterior import Posterior
 from ppl._problem import Problem, compile_problem
 from ppl._records import ChainStats, Evidence, RunStatus, TrainingTrace
@@ -27,6 +28,8 @@ __all__ = [
     "load",
     "evaluate",
     "compare",
+    "kfold",
+    "KFold",
     "Posterior",
     "Prediction",
     "Diagnostics",

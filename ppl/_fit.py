@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ppl import _interrupt
+from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, Session
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import as_key, seed_record
@@ -28,6 +28,7 @@ def fit(
     checkpoint=None,
     checkpoint_every: int | None = None,
     resume=None,
+    progress_bar: bool | None = None,
     **options,
 ):
     """Fit ``model`` to ``data`` with the registered ``method``; returns a :class:`ppl.Posterior`.
@@ -48,6 +49,8 @@ def fit(
             continue from. It must come from the same model, data, method, options, seed and
             temperature; anything else is refused, naming what differs. The resumed run equals the
             uninterrupted one bit for bit on the same machine.
+        progress_bar: show progress bars (True), hide them (False), or show them when stderr is a
+            terminal (None), as NumPyro's ``progress_bar``.
         **options: the method's options (unknown ones raise an error listing the valid ones).
 
     Ctrl-C stops a running method at its next chunk of steps (within about a second) and returns a
@@ -65,6 +68,8 @@ def fit(
     from ppl.inference import registry
     from ppl.inference._base import check_stored_draws
 
+    if progress_bar is not None and not isinstance(progress_bar, bool):
+        raise OptionError(f"progress_bar must be True, False or None (bars when stderr is a terminal), got {progress_bar!r}")
     key = as_key(seed)
     method_obj = registry.create(method, options)
     if checkpoint_every is not None:
@@ -101,6 +106,7 @@ def fit(
         posterior.seed = print_seed
         posterior.options = method_obj.as_dict()
         posterior.fingerprint = fingerprint
+        posterior.provenance = _io.provenance(problem)
         return posterior
 
     start = time.perf_counter()
@@ -119,7 +125,7 @@ def fit(
     try:
         # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
         # assembled stops nothing and loses nothing.
-        with _interrupt.guard():
+        with _interrupt.guard(), _progress.setting(progress_bar):
             posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
     except Interrupted as error:
         error.fingerprint = fingerprint

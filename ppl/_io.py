@@ -266,6 +266,33 @@ def save_posterior(posterior, path, *, extra_files=None, with_diagnostics=True) 
     )
 
 
+def package_versions() -> dict:
+    """Versions of Python and of the packages a run's numbers depend on."""
+    import platform
+    from importlib import metadata
+
+    versions = {"python": platform.python_version()}
+    for name in ("ppl", "jax", "jaxlib", "numpyro", "optax", "blackjax", "arviz", "numpy"):
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def describe_model(model) -> str:
+    """The model with all its settings, as a user would write it, or the program's dotted name."""
+    if hasattr(model, "to_config"):
+        return repr(model)
+    return f"program {getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', '?')}"
+
+
+def provenance(problem) -> dict:
+    """What ran, for the output and the saved run: the model with its settings, the number of
+    data rows (the command line adds their source), the package versions."""
+    return {"model": describe_model(problem.model), "data": {"rows": problem.num_data}, "versions": package_versions()}
+
+
 def model_record(model) -> dict:
     if hasattr(model, "to_config"):
         return {"kind": "declarative", **model.to_config()}
@@ -387,6 +414,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         "temperature": float(problem.temperature),
         "tempering": problem.tempering,
         "approximation": None if family is None else family.kind,
+        "provenance": _jsonable(posterior.provenance),
         "sites": [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites],
         "num_chains": posterior.num_chains,
         "num_draws": posterior.num_draws,
@@ -673,7 +701,7 @@ _DIAGNOSTIC_TYPES = {
     "method": str, "num_chains": int, "num_draws": int, "rhat_max": _NUMBER, "rhat_function_max": _NUMBER,
     "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
-    "loo_khat_max": _NUMBER, "elpd_loo": _NUMBER, "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
+    "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER, "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
     "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict, "checks": list,
 }
 _CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "threshold": (int, float, type(None)),
@@ -714,6 +742,7 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
             raise schema.fail("seed", "an int in [0, 2**32)", seed)
         schema.get(meta, "wall_time_s", (int, float), "a number")
         schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
+        schema.scalar_tree("provenance", schema.get(meta, "provenance", dict, "an object"))
         records = schema.scalar_tree("records", schema.get(meta, "records", dict, "an object"))
         if set(records) != set(RECORDS):
             raise schema.fail("records", f"an object with exactly the fields {sorted(RECORDS)}", sorted(records))
@@ -948,7 +977,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
                 seed=meta["seed"], wall_time_s=meta["wall_time_s"],
                 diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
-                sampler=meta["kind"] in ("chains", "members"),
+                sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
             ), resume, meta
         if not callable(model):
             raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
@@ -982,6 +1011,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         posterior.local_guide = _local_guide(folder, problem, meta, arrays)
     posterior.resume_state = resume
     posterior.fingerprint = meta.get("fingerprint")
+    posterior.provenance = meta["provenance"]
     if diagnostics is not None:
         posterior._cache["diagnostics"] = _diagnostics_from(diagnostics, folder)
     return posterior, resume, meta

@@ -243,6 +243,8 @@ class Posterior:
         self.resume_state = None
         # What a resumed run must share with this one (set by ppl.fit; None for hand-built results).
         self.fingerprint = None
+        # What ran (model with its settings, data size and source, package versions); set by ppl.fit.
+        self.provenance: dict = {}
         self.program = None  # a detached run's program name (see Posterior.detached)
         # (guide, encoder parameters) of a model with local latents (a VAE fitted by svi)
         self.local_guide = None
@@ -255,7 +257,7 @@ class Posterior:
 
     @classmethod
     def detached(cls, *, method, kind, draws, records, info, options, seed, wall_time_s, diagnostics, program, folder,
-                 sampler):
+                 sampler, provenance):
         """A loaded run of a plain NumPyro program whose program was not passed back.
 
         It holds the constrained draws, the saved diagnostics and the metadata. Everything that
@@ -272,6 +274,7 @@ class Posterior:
         self.info, self.options, self.seed = dict(info), dict(options), seed
         self.wall_time_s = float(wall_time_s)
         self.resume_state = self.fingerprint = None
+        self.provenance = dict(provenance)
         self.program, self._folder = program, folder
         self.local_guide = None
         # Stored draws of a sampler can be resampled without the model; draws from q cannot be made anew.
@@ -548,9 +551,12 @@ class Posterior:
         mean = sum(w * means(m) for w, m, _ in moments)
         second = sum(w * (means(np.diagonal(c, axis1=1, axis2=2)) + np.square(means(m))) for w, m, c in moments)
         epistemic = np.maximum(second - np.square(mean), 0.0)
+        # One Gaussian over outputs plus a noise sd that is the same for every draw: the predictive
+        # is exactly Gaussian, and its density is known in closed form.
+        fixed_noise = self.problem.likelihood != "heteroscedastic" and float(np.ptp(prediction.member_noise)) == 0.0
         return dataclasses.replace(
             prediction, mean=mean, epistemic_variance=epistemic, aleatoric_variance=aleatoric,
-            variance=epistemic + aleatoric,
+            variance=epistemic + aleatoric, gaussian=len(moments) == 1 and fixed_noise,
         )
 
     # -- diagnostics, export, persistence ---------------------------------------------------------

@@ -24,6 +24,20 @@ def enable(flag: bool | None = True) -> None:
     _STATE["enabled"] = flag
 
 
+@contextlib.contextmanager
+def setting(flag: bool | None):
+    """Within the block, progress bars follow ``flag`` (None: leave the current setting)."""
+    if flag is None:
+        yield
+        return
+    before = _STATE["enabled"]
+    _STATE["enabled"] = flag
+    try:
+        yield
+    finally:
+        _STATE["enabled"] = before
+
+
 def enabled() -> bool:
     flag = _STATE["enabled"]
     return sys.stderr.isatty() if flag is None else bool(flag)

@@ -54,6 +54,9 @@ class Prediction:
     aleatoric_variance: np.ndarray | None = None
     member_means: np.ndarray | None = None
     member_noise: np.ndarray | None = None
+    # the predictive is exactly N(mean, variance) (a linearised Gaussian posterior with fixed noise):
+    # log_prob then uses that density, not the Monte Carlo mixture of the draws
+    gaussian: bool = False
 
     def noise_per_draw(self) -> np.ndarray:
         """``member_noise`` shaped to broadcast against ``member_means``: (S, 1) or (S, N) for one
@@ -75,6 +78,9 @@ class Prediction:
             return np.log(np.clip(self.probs[np.arange(labels.shape[0]), labels], 1e-300, None))
         if y.shape != self.mean.shape:
             raise ValueError(f"y has shape {y.shape} but the prediction's mean has shape {self.mean.shape}")
+        if self.gaussian:
+            log_dens = -0.5 * (np.square(y - self.mean) / self.variance + np.log(2 * math.pi * self.variance))
+            return log_dens.sum(axis=-1) if log_dens.ndim == 2 else log_dens
         # Mixture over draws of N(y; f_s, σ_s²): exact for the Monte Carlo predictive. With K outputs
         # the K targets of an input are independent given a draw, so their log densities add.
         mu, sd = self.member_means, self.noise_per_draw()
@@ -116,7 +122,9 @@ class Diagnostics:
     khat: float | None = None
     khat_threshold: float | None = None
     loo_khat_max: float | None = None
+    loo_khat_bad: int | None = None  # observations whose Pareto k exceeds 0.7 (elpd_loo unreliable for them)
     elpd_loo: float | None = None
+    elpd_loo_se: float | None = None
     elbo: float | None = None
     iwae: float | None = None
     log_evidence: float | None = None
@@ -136,22 +144,87 @@ class Diagnostics:
         """The checks that failed, in the order they were made."""
         return [c for c in self.checks if not c.passed]
 
+    def verdict(self, held_out: str | None = None) -> str:
+        """One line: trustworthy or not, the figure that decided it, and what to do next.
+
+        Not trustworthy names the first failed check (its message carries the remedy) and how
+        many more failed. Trustworthy names the checks that passed with their thresholds. An
+        unreliable PSIS-LOO is explained in the same line: it concerns the elpd estimate, not the
+        posterior, and K-fold cross-validation replaces it (``held_out``: a held-out figure to
+        name there, such as "test NLL 0.091 per point").
+        """
+        if not self.ok:
+            failed = self.failed
+            more = f" (and {len(failed) - 1} more failed check(s), listed above)" if len(failed) > 1 else ""
+            line = f"verdict: NOT trustworthy — {failed[0].message}{more}"
+        else:
+            passed = [_describe_check(c) for c in self.checks if c.passed and c.field in _CHECK_LABELS]
+            basis = ", ".join(p for p in passed if p) or "no check applies"
+            if self.num_chains * self.num_draws == 1:
+                basis += "; a point estimate carries no posterior uncertainty"
+            line = f"verdict: trustworthy — {basis}"
+        if self.loo_khat_bad:
+            line += (
+                f"; PSIS-LOO is unreliable for {self.loo_khat_bad} observation(s) (Pareto k > 0.7) — that concerns "
+                "the elpd_loo estimate, not the posterior: use ppl.kfold (ppl fit --kfold 10) or the held-out test "
+                f"log-likelihood{f' ({held_out})' if held_out else ''} instead"
+            )
+        return line
+
     def __str__(self) -> str:
+        return self.table() + "\n" + self.verdict()
+
+    def table(self) -> str:
+        """The record as text, without the verdict line. A note shared by several fields is written
+        once, below the fields, and referred to by number."""
+        # A note shared by several fields is written once, below the table, and referred to by number.
+        shared: dict = {}
+        for name, note in self.notes.items():
+            if getattr(self, name, 0) is None:
+                shared.setdefault(note, []).append(name)
+        numbered = {note: i + 1 for i, note in enumerate(n for n, names in shared.items() if len(names) > 1)}
         rows = [f"Diagnostics — {self.method} ({self.num_chains} chain(s) × {self.num_draws} draws)"]
         for f in fields(self):
             if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks"):
                 continue
             value = getattr(self, f.name)
             if value is None:
-                shown = "—  " + self.notes.get(f.name, "")
+                note = self.notes.get(f.name, "")
+                shown = f"—  [{numbered[note]}]" if note in numbered else "—  " + note
             elif isinstance(value, float):
                 shown = f"{value:.4g}"
             else:
                 shown = str(value)
             rows.append(f"  {f.name:<18} {shown}")
         rows.append(f"  {'ok':<18} {self.ok}")
-        rows.extend(f"  warning: {w}" for w in self.warnings)
+        rows.extend(f"  [{i}] {note}" for note, i in numbered.items())
+        # the first failed check's message is the verdict's; it is not repeated as a warning
+        said = self.failed[0].message if self.failed else None
+        rows.extend(f"  warning: {w}" for w in self.warnings if w != said)
         return "\n".join(rows)
+
+
+# How the verdict names a passed check: (label, comparison with the threshold, number format)
+_CHECK_LABELS = {
+    "rhat_function_max": ("function-space R-hat", "≤", ".3f"), "rhat_max": ("R-hat", "≤", ".3f"),
+    "ess_bulk_min": ("bulk ESS", "≥", ".0f"), "ess_tail_min": ("tail ESS", "≥", ".0f"),
+    "function_ess_bulk_min": ("function-space bulk ESS", "≥", ".0f"),
+    "function_ess_tail_min": ("function-space tail ESS", "≥", ".0f"),
+    "divergences": ("divergences", None, "d"), "ebfmi_min": ("E-BFMI", "≥", ".2f"), "khat": ("PSIS k-hat", "≤", ".2f"),
+    "variance_inflation": ("predicted variance inflation", "≤", ".3g"),
+    "status.converged": ("the optimisation converged", None, None),
+}
+
+
+def _describe_check(check: Check) -> str:
+    label, comparison, number = _CHECK_LABELS[check.field]
+    if number is None:
+        return label
+    if check.field == "divergences":
+        return f"{check.value} {label}"
+    if check.field == "khat" and check.value == float("-inf"):
+        return "q equals the posterior (constant log p − log q)"
+    return f"{label} {check.value:{number}} {comparison} {check.threshold:{number if number != '.0f' else 'd'}}"
 
 
 def finite_or_none(value) -> float | None:

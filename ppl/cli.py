@@ -23,6 +23,7 @@ class UsageError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ppl", description="Bayesian inference for neural-network weights.")
+    parser.add_argument("--version", action="version", version=f"ppl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit a model, print diagnostics and test metrics, save the run")
     fit.add_argument("--model", choices=MODELS, help="required unless --resume")
@@ -34,8 +35,15 @@ def _parser() -> argparse.ArgumentParser:
         "--set", action="append", default=[], metavar="KEY=VALUE",
         help="a model option (e.g. hidden=32,32) or method option (e.g. num_samples=500); repeatable",
     )
-    fit.add_argument("--out", help="run directory (default: runs/<data>-<model>-<method>-seed<N>)")
+    fit.add_argument(
+        "--out", help="run directory (default: a new runs/<data>-<model>-<method>-seed<N>[-K] folder, never an existing one)"
+    )
+    fit.add_argument("--force", action="store_true", help="replace the run already in --out")
     fit.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    fit.add_argument(
+        "--kfold", type=_at_least_two, metavar="K",
+        help="also estimate the elpd by K-fold cross-validation on the training rows (K more fits of the same method)",
+    )
     fit.add_argument(
         "--checkpoint-every", type=_positive, metavar="N",
         help="write a resumable checkpoint to the output folder every N steps (optimiser steps or MCMC steps)",
@@ -46,16 +54,34 @@ def _parser() -> argparse.ArgumentParser:
         "any you give must match)",
     )
     show = sub.add_parser("show", help="print a saved run")
-    show.add_argument("path")
+    show.add_argument("path", help="a run folder, or any file inside one")
     sub.add_parser("datasets", help="list the bundled datasets")
     sub.add_parser("methods", help="list the methods with their options and defaults")
     return parser
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("ppl")
+    except metadata.PackageNotFoundError:
+        import ppl
+
+        return ppl.__version__
 
 
 def _seed(text: str) -> int:
     value = int(text)
     if not 0 <= value < 2**32:
         raise argparse.ArgumentTypeError(f"seed must be an integer in [0, 2**32), got {value}")
+    return value
+
+
+def _at_least_two(text: str) -> int:
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be an integer of at least 2, got {value}")
     return value
 
 
@@ -194,7 +220,7 @@ def _fit(args) -> int:
     model_opts, method_opts = _split_settings(args.set, _model_class(args.model), method_cls)
     data = _load_data(args)
     model = _build_model(args, data, model_opts)
-    out = Path(args.out or f"runs/{data.name}-{args.model}-{args.method}-seed{args.seed}")
+    out = _out_folder(args, data)
     _check_out(out)
     _progress.enable(not args.no_progress)
     invocation = _invocation(args)
@@ -221,6 +247,7 @@ def _fit(args) -> int:
                 _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
                 print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
             raise
+        posterior.provenance["data"].update(_data_source(args, data))
         try:
             diagnostics = posterior.diagnostics()
             # An interrupted run is saved at once: test metrics of a partial result can wait.
@@ -239,14 +266,27 @@ def _fit(args) -> int:
                     # The fit is worth keeping even when its test predictions would not fit in memory.
                     print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
             record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
+            if args.kfold and not interrupted:
+                if args.model == "vae":
+                    raise UsageError("--kfold scores held-out targets; a VAE has none (see its test ELBO instead)")
+                cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
+                               seed=args.seed, **method_opts)
+                record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
         except KeyboardInterrupt:
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
             print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
                   file=sys.stderr)
             return 130
-    _print_run(record, diagnostics)
-    print(f"saved to {out}")
+    _print_lines([
+        *_what_ran(args.method, posterior.options, args.seed, posterior.provenance),
+        *_loo_up_front(args.model, getattr(model, "likelihood", None)),
+        diagnostics.table(),
+        *_metrics_lines(record),
+        *_kfold_lines(record),
+        f"saved to {out}",
+        diagnostics.verdict(_held_out(record)),
+    ])
     if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
               file=sys.stderr)
@@ -298,6 +338,24 @@ def _vae_figure(posterior, data, seed: int) -> bytes:
     return buffer.getvalue()
 
 
+def _out_folder(args, data) -> Path:
+    """The run folder: --out (refused when it already holds a run, unless --force or --resume), or
+    a new numbered folder under runs/ that no earlier run occupies."""
+    if args.out is not None:
+        out = Path(args.out)
+        if (out / "manifest.json").exists() and not (args.force or args.resume):
+            raise UsageError(
+                f"--out {out} already holds a run; choose another folder, or add --force to replace it"
+            )
+        return out
+    base = Path("runs") / f"{data.name}-{args.model}-{args.method}-seed{args.seed}"
+    out, number = base, 1
+    while out.exists():
+        number += 1
+        out = base.with_name(f"{base.name}-{number}")
+    return out
+
+
 def _check_out(out: Path) -> None:
     """Refuse an output path that could not be written, before anything is fitted."""
     import os
@@ -315,26 +373,99 @@ def _check_out(out: Path) -> None:
         raise UsageError(f"--out {out}: {parent} is not a writable directory")
 
 
-def _print_run(record: dict, diagnostics) -> None:
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+def _data_source(args, data) -> dict:
+    """Where the command line's data came from and how it was prepared."""
+    is_file = Path(args.data).suffix in (".csv", ".npz")
+    source = {"source": str(Path(args.data).resolve()) if is_file else args.data}
+    if data.test is not None and data.test.X is not None:
+        source["test_rows"] = int(len(data.test.X))
+    if is_file and args.model != "vae":
+        source["target"] = args.target or "(the last column)"
+    target_scaled = data.task == "regression" and (data.target_mean != 0.0 or data.target_std != 1.0)
+    if data.task != "unsupervised":
+        source["scaling"] = (
+            f"inputs{' and target' if target_scaled else ''} standardised with the training split's mean and sd"
+        )
+    return source
 
-    # Text read from a run folder is shown as is, never interpreted as rich markup.
-    console = Console()
-    console.print(str(diagnostics), markup=False, highlight=False)
-    table = Table(title=Text(f"test metrics — {record.get('data', '?')} / {record.get('model', '?')}"))
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in record["metrics"].items():
+
+def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
+    """Lines saying what ran: the model with its settings, the data, the method with its options,
+    the seed and the package versions."""
+    data = provenance.get("data") or {}
+    source = data.get("source")
+    rows = data.get("rows")
+    described = f"{source}: " if source else ""
+    described += f"{rows} training rows" if rows is not None else "the training data"
+    if data.get("test_rows") is not None:
+        described += f", {data['test_rows']} test rows"
+    if data.get("target"):
+        described += f"; target column {data['target']!r}"
+    if data.get("scaling"):
+        described += f"; {data['scaling']}"
+    shown_options = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    versions = ", ".join(f"{k} {v}" for k, v in (provenance.get("versions") or {}).items())
+    return [
+        "what ran:",
+        f"  model     {provenance.get('model', '?')}",
+        f"  data      {described}",
+        f"  method    {method}({shown_options})",
+        f"  seed      {seed}",
+        f"  versions  {versions or 'not recorded'}",
+    ]
+
+
+def _metrics_lines(record: dict) -> list[str]:
+    metrics = record.get("metrics") or {}
+    if not metrics:
+        return []
+    lines = [f"test metrics — {record.get('data', '?')} / {record.get('model', '?')}:"]
+    for key, value in metrics.items():
         if isinstance(value, float):
             shown = f"{value:.4f}"
         elif isinstance(value, int) and not isinstance(value, bool):
             shown = str(value)
         else:
             shown = "—" if value is None else repr(value)
-        table.add_row(Text(_safe(key)), Text(_safe(shown)))
-    console.print(table)
+        lines.append(f"  {key:<18} {shown}")
+    return lines
+
+
+def _kfold_lines(record: dict) -> list[str]:
+    cv = record.get("kfold")
+    number = (int, float)
+    # summary.json is read from disk: anything but the shape written here is left out
+    if not (isinstance(cv, dict) and isinstance(cv.get("elpd"), number) and isinstance(cv.get("se"), number)
+            and isinstance(cv.get("k"), int) and isinstance(cv.get("fits_ok"), list)):
+        return []
+    failed = [str(i) for i, ok in enumerate(cv.get("fits_ok") or []) if not ok]
+    line = f"elpd_kfold {cv['elpd']:.2f} ± {cv['se']:.2f} ({cv['k']}-fold cross-validation on the training rows)"
+    if failed:
+        line += f"; the fits of fold(s) {', '.join(failed)} failed their own diagnostics"
+    return [line]
+
+
+def _held_out(record: dict) -> str | None:
+    nll = (record.get("metrics") or {}).get("nll")
+    return f"test NLL {nll:.4f} per point" if isinstance(nll, float) else None
+
+
+def _loo_up_front(model: str, likelihood) -> list[str]:
+    """BNN classifiers: most points' Pareto k exceeds 0.7, so say it before the numbers."""
+    if model == "bnn" and likelihood in ("bernoulli", "categorical"):
+        return [
+            "note: for a BNN classifier PSIS-LOO is unreliable for most points (Pareto k > 0.7) whatever the "
+            "method; the held-out test log-likelihood (test NLL below) is the primary figure of predictive fit, "
+            "and ppl fit --kfold K gives cross-validated elpd"
+        ]
+    return []
+
+
+def _print_lines(lines) -> None:
+    """Plain lines, never re-wrapped or styled (the layout holds when stdout is not a terminal);
+    text read from a run folder is shown with control characters escaped."""
+    for line in lines:
+        print(_safe(line))
 
 
 def _safe(text) -> str:
@@ -342,53 +473,67 @@ def _safe(text) -> str:
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in str(text))
 
 
+def _run_folder(path: Path) -> Path:
+    """The run folder at ``path``, or the one holding the file ``path`` names."""
+    if path.is_dir() or not path.exists():
+        return path
+    for parent in path.resolve().parents:
+        if (parent / "manifest.json").is_file():
+            return parent
+    raise RunError(f"{path} is a file, and no folder above it holds a saved ppl run; give the run folder")
+
+
 def _show(args) -> int:
     """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
     from ppl._io import _diagnostics_from, read_run_files
 
-    path = Path(args.path)
+    path = _run_folder(Path(args.path))
     meta, diagnostics, extras = read_run_files(path, ("summary.json",))
     status = meta["status"]
     if not meta["has_posterior"]:
         progress = (meta.get("resume") or {}).get("progress")
-        print(_safe(f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}"))
+        _print_lines([
+            f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}",
+            "verdict: not assessed — a checkpoint with no draws yet",
+        ])
         return 0
     model = meta["model"]
     if model["kind"] == "declarative":
         from ppl.models import from_config
 
         try:
-            from_config(model)  # the same check ppl.load makes, without running anything
+            described = repr(from_config(model))  # the same check ppl.load makes, without running anything
         except (ValueError, TypeError, KeyError) as error:
             raise RunError(f"{path}/posterior.json: the model configuration is invalid ({error})") from None
-        described = model["class"]
     else:
         described = f"program {model['module']}.{model['qualname']}"
+    # the model is described from the checked record that loading uses, never from free text
+    provenance = {**meta["provenance"], "model": described}
     sites = ", ".join(f"{name}{tuple(shape)}" for name, shape, _ in meta["sites"])
     lines = [
-        f"{path}: {meta['method']} on {described} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, "
-        f"status {status}",
-        f"sites: {sites}",
-        f"options: {meta['options']}",
+        f"{path}: {meta['method']} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, status {status}",
+        *_what_ran(meta["method"], meta["options"], meta["seed"], provenance),
+        f"  sites     {sites}",
     ]
     if meta.get("resume"):
         lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
-    print(_safe("\n".join(lines)))
     summary = extras.get("summary.json")
-    record = None if diagnostics is None else _diagnostics_from(
-        {k: _safe(v) if isinstance(v, str) else v for k, v in diagnostics.items()}, path
-    )
+    summary = summary if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) else {}
+    record = None if diagnostics is None else _diagnostics_from(diagnostics, path)
     if record is not None:
-        record.warnings = [_safe(w) for w in record.warnings]
-        record.notes = {_safe(k): _safe(v) for k, v in record.notes.items()}
-    if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) and record is not None:
-        _print_run({k: _safe(v) if isinstance(v, str) else v for k, v in summary.items()}, record)
+        if model.get("class") == "BNN":
+            lines.extend(_loo_up_front("bnn", model.get("fields", {}).get("likelihood")))
+        lines.append(record.table())
+    lines.extend(_metrics_lines(summary))
+    lines.extend(_kfold_lines(summary))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
-        print(_safe(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}"))
-    elif record is not None:
-        print(record)
+        lines.append(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}")
+    if record is not None:
+        lines.append(record.verdict(_held_out(summary)))
     else:
-        print(_safe(f"no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'})"))
+        why = meta.get("diagnostics_error") or "a checkpoint, or an interrupted save"
+        lines.append(f"verdict: not assessed — no diagnostics saved ({why}); ppl.load computes them")
+    _print_lines(lines)
     return 0
 
 
@@ -403,10 +548,20 @@ def _datasets(args) -> int:
 def _methods(args) -> int:
     from ppl.inference import registry
 
+    print("models (--model NAME; options with --set KEY=VALUE):")
+    for name in MODELS:
+        cls = _model_class(name)
+        print(f"  {name:<14} {cls.__name__}: {(cls.__doc__ or '').strip().splitlines()[0]}")
+        for field in dataclasses.fields(cls):
+            if field.name == "prior":
+                continue  # a Python object, set from the API only
+            default = field.default if field.default is not dataclasses.MISSING else "(required)"
+            print(f"                 {field.name} = {default!r}")
+    print("methods (--method NAME; options with --set KEY=VALUE):")
     for name, description, options in registry.describe():
-        print(f"{name:<8} {description}")
+        print(f"  {name:<14} {description}")
         for key, value in options.items():
-            print(f"           {key} = {value!r}")
+            print(f"                 {key} = {value!r}")
     return 0
 
 
@@ -424,6 +579,12 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"ppl {args.command}: interrupted before there was anything to save", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

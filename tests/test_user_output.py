@@ -1,0 +1,154 @@
+"""What the user reads: the verdict line, what ran, runs that never overwrite each other, K-fold
+cross-validation, and the small things users hit (issue: "What the user reads")."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ppl
+from ppl._results import Check, Diagnostics
+
+
+def _ppl(*args, cwd, timeout=600):
+    """The console entry point in a fresh process, stdout not a terminal."""
+    return subprocess.run([sys.executable, "-m", "ppl.cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+# -- the verdict ---------------------------------------------------------------------------------
+def test_the_verdict_names_the_deciding_figure_and_what_to_try(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="mean_field", steps=300)
+    diag = post.diagnostics()
+    assert not diag.ok and diag.failed[0].field == "khat"
+    verdict = diag.verdict()
+    assert verdict.startswith("verdict: NOT trustworthy — PSIS k-hat")
+    assert "guide='full_rank'" in verdict and "method='nuts'" in verdict
+    # the value and the threshold are told apart, however close
+    shown = verdict.split("PSIS k-hat ")[1].split(":")[0]
+    value, threshold = (float(x) for x in shown.split(" > "))
+    assert value > threshold
+    good = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0).diagnostics()
+    assert good.ok and good.verdict().startswith("verdict: trustworthy — function-space R-hat")
+    assert str(good).splitlines()[-1] == good.verdict()
+
+
+def test_ok_and_the_warnings_never_contradict_each_other():
+    # an unreliable PSIS-LOO beside ok True is explained in the verdict itself, with a remedy that exists
+    record = Diagnostics(method="nuts", num_chains=4, num_draws=100, loo_khat_bad=265,
+                         checks=[Check("rhat_max", 1.002, 1.01, True, "")])
+    verdict = record.verdict(held_out="test NLL 0.0912 per point")
+    assert "trustworthy" in verdict and "265 observation(s)" in verdict
+    assert "not the posterior" in verdict and "ppl.kfold" in verdict and "test NLL 0.0912" in verdict
+    assert callable(ppl.kfold)
+    failed = Diagnostics(method="svi", num_chains=1, num_draws=100, ok=False,
+                         checks=[Check("khat", 1.53, 0.7, False, "k-hat 1.53 > 0.70: far — try nuts"),
+                                 Check("status.converged", False, None, False, "did not converge — raise steps")])
+    assert failed.verdict() == "verdict: NOT trustworthy — k-hat 1.53 > 0.70: far — try nuts (and 1 more failed check(s), listed above)"
+
+
+def test_a_note_shared_by_several_fields_is_written_once(linear_model, linear_data):
+    text = ppl.fit(linear_model, linear_data.train, method="exact", seed=0).diagnostics().table()
+    note = "draws are independent samples from the fitted approximation q, not Markov chains"
+    assert text.count(note) == 1 and text.count("[1]") == 5  # four fields and the note itself
+
+
+# -- what ran, and the output without a terminal --------------------------------------------------
+def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path):
+    done = _ppl("fit", "--model", "bnn", "--data", "iris", "--method", "map", "--set", "hidden=4", "--no-progress",
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[-1].startswith("verdict: ")
+    assert lines[-2] == "saved to runs/iris-bnn-map-seed0"
+    text = done.stdout
+    assert "model     BNN(hidden=(4,), activation='relu', likelihood='categorical', prior_scale=1.0" in text
+    assert "data      iris: 120 training rows, 30 test rows" in text
+    assert "method    map(steps=2000" in text and "seed      0" in text
+    assert "jax " in text and "numpyro " in text and "python " in text
+    assert "note: for a BNN classifier PSIS-LOO is unreliable" in text  # said up front
+    # no line is wrapped mid-sentence: every warning and note is one line
+    assert all(not line.startswith(" " * 20) for line in lines)
+    saved = json.loads((tmp_path / "runs/iris-bnn-map-seed0/posterior.json").read_text())
+    assert saved["provenance"]["data"]["source"] == "iris" and saved["provenance"]["versions"]["jax"]
+    shown = _ppl("show", "runs/iris-bnn-map-seed0/summary.json", cwd=tmp_path)  # a file inside the run
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[-1] == lines[-1]
+    assert "model     BNN(hidden=(4,)" in shown.stdout
+
+
+# -- runs never overwrite each other ---------------------------------------------------------------
+def test_runs_never_overwrite_each_other_and_get_the_usual_permissions(tmp_path):
+    args = ("fit", "--model", "linear", "--data", "linear", "--method", "exact", "--no-progress")
+    old = os.umask(0o022)
+    try:
+        for _ in range(2):
+            assert _ppl(*args, cwd=tmp_path).returncode == 0
+    finally:
+        os.umask(old)
+    runs = sorted(p.name for p in (tmp_path / "runs").iterdir() if not p.name.startswith("."))
+    assert runs == ["linear-linear-exact-seed0", "linear-linear-exact-seed0-2"]
+    folder = tmp_path / "runs" / runs[0]
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o755
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o644}
+    before = (folder / "arrays.npz").read_bytes()
+    refused = _ppl(*args, "--out", str(folder), "--seed", "1", cwd=tmp_path)
+    assert refused.returncode == 2 and "already holds a run" in refused.stderr and "--force" in refused.stderr
+    assert (folder / "arrays.npz").read_bytes() == before
+    forced = _ppl(*args, "--out", str(folder), "--seed", "1", "--force", cwd=tmp_path)
+    assert forced.returncode == 0 and (folder / "arrays.npz").read_bytes() != before
+
+
+# -- K-fold cross-validation -----------------------------------------------------------------------
+def _closed_form_loo(X, y, noise_sd, prior_sd):
+    """Σᵢ log p(yᵢ | xᵢ, D₋ᵢ) of conjugate Bayesian linear regression with a bias, exactly."""
+    design = np.c_[X, np.ones(len(X))]
+    total = 0.0
+    for i in range(len(X)):
+        keep = np.arange(len(X)) != i
+        precision = design[keep].T @ design[keep] / noise_sd**2 + np.eye(design.shape[1]) / prior_sd**2
+        cov = np.linalg.inv(precision)
+        mean = cov @ design[keep].T @ y[keep] / noise_sd**2
+        var = design[i] @ cov @ design[i] + noise_sd**2
+        total += -0.5 * ((y[i] - design[i] @ mean) ** 2 / var + np.log(2 * np.pi * var))
+    return total
+
+
+def test_kfold_with_k_equal_n_is_exact_leave_one_out(linear_model, linear_data):
+    X, y = (np.asarray(a) for a in linear_data.train)
+    truth = _closed_form_loo(X, y, linear_model.noise_scale, linear_model.prior_scale)
+    cv = ppl.kfold(linear_model, linear_data.train, method="exact", k=len(X), seed=0, mode="linearized")
+    assert abs(cv.elpd - truth) < 0.01, (cv.elpd, truth)
+    assert cv.se > 0 and np.isclose(cv.se, np.sqrt(len(X) * cv.pointwise.var()))
+    assert sorted(np.bincount(cv.fold)) == [1] * len(X) and all(cv.fits_ok)
+    assert "elpd_kfold" in str(cv)
+
+
+def test_kfold_deals_near_equal_folds_and_refuses_bad_k(linear_model, linear_data):
+    cv = ppl.kfold(linear_model, linear_data.train, method="exact", k=3, seed=0)
+    assert sorted(np.bincount(cv.fold)) in ([26, 27, 27],)
+    with pytest.raises(ppl.OptionError, match=r"k must be an integer in 2\.\.80"):
+        ppl.kfold(linear_model, linear_data.train, method="exact", k=1, seed=0)
+    with pytest.raises(ppl.OptionError, match="declarative model"):
+        ppl.kfold(lambda: None, {"x": 1}, method="nuts", seed=0)
+
+
+# -- small things --------------------------------------------------------------------------------
+def test_version_and_the_model_options_in_methods(tmp_path):
+    version = _ppl("--version", cwd=tmp_path)
+    assert version.returncode == 0 and version.stdout.strip() == f"ppl {ppl.__version__}"
+    listed = _ppl("methods", cwd=tmp_path).stdout
+    assert "models (--model NAME" in listed and "hidden = (50,)" in listed and "activation = 'relu'" in listed
+
+
+def test_progress_bar_is_public_and_checked(linear_model, linear_data):
+    post = ppl.fit(linear_model, linear_data.train, method="map", seed=0, progress_bar=False)
+    assert post.status.converged
+    with pytest.raises(ppl.OptionError, match="progress_bar must be True, False or None"):
+        ppl.fit(linear_model, linear_data.train, method="map", seed=0, progress_bar="yes")
