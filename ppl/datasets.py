@@ -1,7 +1,10 @@
 """Offline datasets: scikit-learn's bundled files and seeded synthetic sets.
 
 ``load(name, seed=...)`` returns a :class:`Dataset` with standardised inputs (training-split
-statistics) and a seeded train/test split. Nothing is downloaded.
+statistics) and a seeded train/test split. Nothing is downloaded. ``load_file(path, target=...)``
+reads a CSV or .npz file (a CSV with more than two columns needs ``target``; see its docstring).
+The Dataset keeps the scaling it applied (``input_mean``/``input_std``, ``target_mean``/``target_std``)
+and, for text class labels, the labels in class order (``classes``).
 
 >>> import ppl
 >>> data = ppl.datasets.load("breast_cancer", seed=0)
