@@ -28,7 +28,11 @@ def _parser() -> argparse.ArgumentParser:
     fit = sub.add_parser("fit", help="fit a model, print diagnostics and test metrics, save the run")
     fit.add_argument("--model", choices=MODELS, help="required unless --resume")
     fit.add_argument("--data", help="a dataset name (see `ppl datasets`) or a .csv/.npz file; required unless --resume")
-    fit.add_argument("--target", help="target column of a CSV file (default: the last column)")
+    fit.add_argument(
+        "--target", metavar="COLUMN",
+        help="the column of a CSV file to predict; required when the file has more than two columns "
+        "(with two, the last is the target)",
+    )
     fit.add_argument("--method", help="a method name (see `ppl methods`; default nuts)")
     fit.add_argument("--seed", type=_seed, help="default 0")
     fit.add_argument(
@@ -128,11 +132,49 @@ def _load_data(args):
         if args.model == "vae":
             if args.target is not None:
                 raise UsageError("--model vae models the data alone: drop --target")
-            return datasets.load_file(args.data, seed=args.seed, task="unsupervised")
-        return datasets.load_file(args.data, target=args.target, seed=args.seed)
+            data = datasets.load_file(args.data, seed=args.seed, task="unsupervised")
+        else:
+            if args.target is not None and Path(args.data).suffix == ".npz":
+                raise UsageError(f"--target names a CSV column, but {args.data} is a .npz file: its targets are the array y")
+            data = datasets.load_file(args.data, target=args.target, seed=args.seed)
+        print(_safe(_describe_file(args, data)))
+        if data.target is not None:
+            args.target = data.target  # recorded in invocation.json, so a resume reads the same column
+        return data
     if args.data not in datasets.names():
         raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
     return datasets.load(args.data, seed=args.seed)
+
+
+def _describe_file(args, data) -> str:
+    """One line on what was read from a data file: rows, the target column and how it was chosen, the classes."""
+    rows = data.train.X.shape[0] + data.test.X.shape[0]
+    inputs = data.train.X.shape[1]
+    if args.model == "vae":
+        return f"data: {args.data} — {rows} rows × {inputs} columns, all modelled as data (no target)"
+    if data.target is None:
+        target = "target: the array y"
+    elif args.target is None:
+        target = f"target column {data.target!r} (the last of its 2 columns; name another with --target)"
+    else:
+        target = f"target column {data.target!r}"
+    line = f"data: {args.data} — {rows} rows, {inputs} input column{'s' if inputs != 1 else ''}; {target}; {data.task}"
+    if data.classes is not None:
+        shown = ", ".join(f"{k} = {label!r}" for k, label in enumerate(data.classes[:10]))
+        more = f", … ({len(data.classes) - 10} more)" if len(data.classes) > 10 else ""
+        line += f", text labels encoded as classes {shown}{more}"
+    elif data.num_classes is not None:
+        line += f", {data.num_classes} classes"
+    return line
+
+
+def _kind_of(data) -> str:
+    """What a dataset's targets are, for a message that refuses a model."""
+    if data.task == "classification":
+        return f"{data.name} has {data.num_classes} class{'es' if data.num_classes != 1 else ''}"
+    if data.task == "regression":
+        return f"{data.name} is a regression dataset (continuous targets)"
+    return f"{data.name} is {data.task} (no targets)"
 
 
 def _build_model(args, data, model_opts):
@@ -140,7 +182,11 @@ def _build_model(args, data, model_opts):
     if args.model == "linear" and data.task != "regression":
         raise UsageError(f"--model linear needs a regression dataset; {data.name} is {data.task}")
     if args.model == "logistic" and (data.task != "classification" or data.num_classes != 2):
-        raise UsageError(f"--model logistic needs binary labels; {data.name} has {data.num_classes or 'continuous'} targets")
+        remedy = {
+            "classification": "use --model bnn (its likelihood is categorical for more than two classes)",
+            "regression": "use --model linear or --model bnn",
+        }.get(data.task, "use --model vae")
+        raise UsageError(f"--model logistic needs binary labels; {_kind_of(data)} — {remedy}")
     if args.model == "vae" and data.task == "classification" and data.name != "digits_binary":
         raise UsageError(f"--model vae models unlabelled data; use digits_binary or a .csv/.npz file, not {data.name}")
     if args.model == "bnn" and "likelihood" not in model_opts:

@@ -1,7 +1,10 @@
 """Offline datasets: scikit-learn's bundled files and seeded synthetic sets.
 
 ``load(name, seed=...)`` returns a :class:`Dataset` with standardised inputs (training-split
-statistics) and a seeded train/test split. Nothing is downloaded.
+statistics) and a seeded train/test split. Nothing is downloaded. ``load_file(path, target=...)``
+reads a CSV or .npz file (a CSV with more than two columns needs ``target``; see its docstring).
+The Dataset keeps the scaling it applied (``input_mean``/``input_std``, ``target_mean``/``target_std``)
+and, for text class labels, the labels in class order (``classes``).
 
 >>> import ppl
 >>> data = ppl.datasets.load("breast_cancer", seed=0)
@@ -44,7 +47,17 @@ class Dataset:
             labels it), num_classes (None unless classification).
         train, test: :class:`Split` ``(X, y)``; ood: inputs-only split away from the data, or None.
         truth: the generating parameters for synthetic sets with known truth.
-        target_mean, target_std: how a standardised regression target was scaled (else 0, 1).
+        target_mean, target_std: how a standardised regression target was scaled (else 0, 1):
+            the model sees ``(y - target_mean) / target_std``.
+        input_mean, input_std: how the inputs were standardised, per column, with training-split
+            statistics (zeros and ones where the inputs are used as they are): the model sees
+            ``(X_raw - input_mean) / input_std``. Apply the same to new raw rows before ``predict``.
+            None only for a Dataset built by hand.
+        target: the name of the target column of a CSV file (None for named datasets and .npz files).
+        features: the names of the input columns, in the order of X's columns (CSV files and
+            scikit-learn's sets; else None).
+        classes: the class labels, as text, in class order, when a file's target held text labels
+            (class ``i`` is ``classes[i]``); None when labels are numbers (class ``i`` is label ``i``).
     """
 
     name: str
@@ -56,6 +69,11 @@ class Dataset:
     truth: dict = field(default_factory=dict)
     target_mean: float = 0.0
     target_std: float = 1.0
+    input_mean: np.ndarray | None = None
+    input_std: np.ndarray | None = None
+    target: str | None = None
+    features: list[str] | None = None
+    classes: list[str] | None = None
 
 
 def names() -> list[str]:
@@ -70,9 +88,15 @@ def _split(X, y, seed: int, test_fraction: float):
 
 
 def _standardise(train: np.ndarray, *others):
+    """``(mean, std, [train, *others] standardised)`` with the training split's statistics."""
     mean, std = train.mean(axis=0), train.std(axis=0)
-    std = np.where(std > 0, std, 1.0)
-    return [(a - mean) / std if a is not None else None for a in (train, *others)]
+    std = np.where(std > 0, std, 1.0)  # a constant column is centred, not divided by zero
+    return mean, std, [(a - mean) / std if a is not None else None for a in (train, *others)]
+
+
+def _unscaled(X: np.ndarray):
+    """The statistics recorded for inputs used as they are."""
+    return np.zeros(X.shape[1]), np.ones(X.shape[1])
 
 
 def _raw(name: str, seed: int):
@@ -89,12 +113,13 @@ def _raw(name: str, seed: int):
         }[name]
         bunch = loader()
         task = "regression" if name == "diabetes" else "classification"
-        return bunch.data.astype(float), bunch.target, task, {}
+        return bunch.data.astype(float), bunch.target, task, {"features": [str(f) for f in bunch.feature_names]}
     if name == "digits_binary":
         from sklearn.datasets import load_digits
 
         bunch = load_digits()  # same rows and order as "digits", so the seeded splits agree
-        return (bunch.data > 8.0).astype(float), bunch.target, "unsupervised", {"keep_inputs": True}
+        features = [str(f) for f in bunch.feature_names]
+        return (bunch.data > 8.0).astype(float), bunch.target, "unsupervised", {"keep_inputs": True, "features": features}
     rng = np.random.default_rng(seed)
     if name == "two_moons":
         from sklearn.datasets import make_moons
@@ -140,8 +165,9 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     if extras.get("keep_inputs"):
         # The known truth refers to the generating inputs; they are already standard normal.
         X_train, X_test = X[train_idx], X[test_idx]
+        input_mean, input_std = _unscaled(X)
     else:
-        X_train, X_test, ood = _standardise(X[train_idx], X[test_idx], ood)
+        input_mean, input_std, (X_train, X_test, ood) = _standardise(X[train_idx], X[test_idx], ood)
     y_train, y_test = y[train_idx], y[test_idx]
     target_mean, target_std = 0.0, 1.0
     if name == "diabetes":
@@ -160,48 +186,240 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
         truth=extras.get("truth", {}),
         target_mean=target_mean,
         target_std=target_std,
+        input_mean=input_mean,
+        input_std=input_std,
+        features=extras.get("features"),
     )
 
 
-def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: float = 0.2, task: str | None = None) -> Dataset:
-    """Load a ``.csv`` (header row; ``target`` column, default the last) or ``.npz`` (arrays X, y) file.
+# -- files ------------------------------------------------------------------------------------------
 
-    ``task="unsupervised"``: every column (or the array X) is data, no target, inputs not standardised.
+# Cells read as missing (compared lower-cased, after stripping spaces), as spreadsheets and pandas write them.
+_MISSING = frozenset({"", "na", "n/a", "nan", "-nan", "+nan", "null", "none", "#n/a", "<na>"})
+_ROWS = "rows are counted as in a spreadsheet: the header is row 1, the first data row is row 2"
+_TASKS = ("classification", "regression", "unsupervised")
+
+
+def _shown(text: str, limit: int = 40) -> str:
+    """A cell's text for a message: escaped (so control characters cannot reach the terminal), truncated."""
+    if text == "":
+        return "an empty cell"
+    return repr(text[:limit]) + ("…" if len(text) > limit else "")
+
+
+def _count(n: int) -> str:
+    return f"{n} value" + ("" if n == 1 else "s")
+
+
+def _listing(header: list[str], limit: int = 20) -> str:
+    names = ", ".join(_shown(name) for name in header[:limit])
+    return names + (f", … ({len(header) - limit} more)" if len(header) > limit else "")
+
+
+def _parse_column(cells: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """``(values, text)``: the cells as floats (NaN where missing or text) and where they hold text."""
+    try:
+        return np.array(cells, dtype=float), np.zeros(len(cells), dtype=bool)
+    except ValueError:  # some cell is not a number: missing markers, or text
+        pass
+    values, text = np.full(len(cells), np.nan), np.zeros(len(cells), dtype=bool)
+    for i, cell in enumerate(cells):
+        if cell.lower() in _MISSING:
+            continue
+        try:
+            values[i] = float(cell)
+        except ValueError:
+            text[i] = True
+    return values, text
+
+
+def _read_csv(path: Path, target: str | None, task: str | None):
+    """``(X, y, target, features, classes)`` from a CSV file with a header row, every problem named."""
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:  # -sig: Excel's byte-order mark
+            reader = csv.reader(handle)
+            try:
+                records = list(reader)
+            except csv.Error as error:
+                raise DataError(f"{path} is not a readable CSV file (row {reader.line_num}: {error})") from None
+    except UnicodeDecodeError as error:
+        raise DataError(
+            f"{path} is not UTF-8 text (byte {error.start} cannot be decoded); save it as UTF-8 CSV"
+        ) from None
+    if not records or not any(cell.strip() for cell in records[0]):
+        raise DataError(f"{path}: the first row must be a header naming the columns; it is empty")
+    header = [cell.strip() for cell in records[0]]
+    for j, name in enumerate(header):
+        if name in header[:j]:
+            raise DataError(
+                f"{path}: the header names column {_shown(name)} twice (columns {header.index(name) + 1} and "
+                f"{j + 1}); give every column its own name"
+            )
+    rows = [(number, record) for number, record in enumerate(records[1:], start=2) if record]  # blank lines skipped
+    if not rows:
+        raise DataError(f"{path} needs a header row and at least one data row")
+    for number, record in rows:
+        if len(record) != len(header):
+            raise DataError(
+                f"{path}: row {number} has {len(record)} values but the header names {len(header)} columns; "
+                f"every row needs one value per column ({_ROWS})"
+            )
+    column = _target_column(path, header, target, task)
+    numbers = [number for number, _ in rows]
+    cells = [[record[j].strip() for _, record in rows] for j in range(len(header))]
+    parsed = [_parse_column(column_cells) for column_cells in cells]
+    inputs = [j for j in range(len(header)) if j != column]
+
+    text_columns = []
+    for j in inputs:
+        text = parsed[j][1]
+        if text.any():
+            i = int(np.flatnonzero(text)[0])
+            text_columns.append(
+                f"column {_shown(header[j])} holds text: row {numbers[i]} is {_shown(cells[j][i])} "
+                f"({int(text.sum())} of {len(rows)} values are not numbers)"
+            )
+    if text_columns:
+        hint = "" if column is None or target is not None else (
+            f"; if one of them is what you want to predict, name it as the target (target=NAME, --target NAME) "
+            f"instead of {_shown(header[column])}"
+        )
+        raise DataError(
+            f"{path}: input columns must be numbers — " + "; ".join(text_columns[:5])
+            + (f"; and {len(text_columns) - 5} more columns" if len(text_columns) > 5 else "")
+            + f" ({_ROWS}). Encode such a column as numbers (e.g. one 0/1 column per category) or drop it{hint}"
+        )
+
+    classes = None
+    if column is not None:
+        values, text = parsed[column]
+        if text.any():
+            i = int(np.flatnonzero(text)[0])
+            if task == "regression":
+                raise DataError(
+                    f"{path}: the target column {_shown(header[column])} holds text (row {numbers[i]} is "
+                    f"{_shown(cells[column][i])}), but task='regression' needs numbers ({_ROWS})"
+                )
+            # Text labels: the sorted distinct labels are the classes 0..C-1; missing cells stay NaN.
+            labels = cells[column]
+            present = [label.lower() not in _MISSING for label in labels]
+            classes = sorted({label for label, keep in zip(labels, present) if keep})
+            index = {label: float(k) for k, label in enumerate(classes)}
+            values = np.array([index[label] if keep else np.nan for label, keep in zip(labels, present)])
+            parsed[column] = (values, np.zeros(len(labels), dtype=bool))
+
+    missing = []
+    for j in range(len(header)):
+        bad = ~np.isfinite(parsed[j][0])
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            missing.append(
+                f"column {_shown(header[j])}{' (the target)' if j == column else ''}: {_count(int(bad.sum()))}, "
+                f"the first at row {numbers[i]} ({_shown(cells[j][i])})"
+            )
+    if missing:
+        raise DataError(
+            f"{path} has missing or non-finite values (empty cells, NaN or Inf) — " + "; ".join(missing)
+            + f" ({_ROWS}). Drop or impute those rows before fitting"
+        )
+    X = np.stack([parsed[j][0] for j in inputs], axis=1)
+    y = np.zeros(len(rows)) if column is None else parsed[column][0]
+    return X, y, None if column is None else header[column], [header[j] for j in inputs], classes
+
+
+def _target_column(path: Path, header: list[str], target: str | None, task: str | None) -> int | None:
+    """The index of the target column: named, or the last of exactly two; None when unsupervised."""
+    if task == "unsupervised":
+        return None
+    if target is not None:
+        if target not in header:
+            raise DataError(f"{path} has no column {_shown(target)}; its columns: {_listing(header)}")
+        column = header.index(target)
+    elif len(header) == 2:
+        column = 1  # one input and one target: the last column is the target, and the CLI says so
+    elif len(header) > 2:
+        raise DataError(
+            f"{path} has {len(header)} columns ({_listing(header)}): name the one to predict with target=NAME "
+            f"(on the command line: --target NAME); with more than two columns ppl does not guess it"
+        )
+    else:
+        column = 0
+    if len(header) == 1:
+        raise DataError(
+            f"{path} has a single column ({_shown(header[0])}); a supervised model needs at least one input "
+            f"column besides the target (or task='unsupervised' to model the column as data)"
+        )
+    return column
+
+
+def _read_npz(path: Path, task: str | None):
+    """``(X, y, classes)`` from a .npz file holding arrays X and y (X alone when unsupervised)."""
+    try:
+        with np.load(path) as npz:
+            needed = ("X",) if task == "unsupervised" else ("X", "y")
+            if any(name not in npz for name in needed):
+                raise DataError(f"{path} must hold arrays named {needed}; it has {sorted(npz.files)}")
+            X = np.asarray(npz["X"])
+            y = np.zeros(X.shape[0] if X.ndim else 0) if task == "unsupervised" else np.asarray(npz["y"])
+    except (ValueError, OSError) as error:  # object arrays (pickles are refused), corrupt files
+        raise DataError(f"{path} is not a readable .npz of numeric arrays X and y ({error})") from None
+    classes = None
+    if y.dtype.kind in "US":  # text labels, as in a CSV file: sorted distinct labels are the classes
+        if task == "regression":
+            raise DataError(f"{path}: y holds text labels ({y.dtype}), but task='regression' needs numbers")
+        labels = y.astype(str)
+        classes = sorted(set(labels.ravel().tolist()))
+        y = np.searchsorted(np.array(classes), labels).astype(float)
+    if X.ndim == 2 and np.issubdtype(X.dtype, np.floating):
+        bad_columns = np.flatnonzero(~np.isfinite(X).all(axis=0))
+        if bad_columns.size:
+            parts = []
+            for j in bad_columns[:5]:
+                bad = ~np.isfinite(X[:, j])
+                parts.append(f"column {j}: {_count(int(bad.sum()))}, the first at row {int(np.flatnonzero(bad)[0])}")
+            more = f"; and {bad_columns.size - 5} more columns" if bad_columns.size > 5 else ""
+            raise DataError(
+                f"{path}: X has non-finite values (NaN or Inf) — " + "; ".join(parts) + more
+                + " (columns and rows counted from 0). Drop or impute those rows before fitting"
+            )
+    return X, y, classes
+
+
+def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: float = 0.2, task: str | None = None) -> Dataset:
+    """Load a ``.csv`` file (a header row naming the columns) or a ``.npz`` file (arrays ``X`` and ``y``).
+
+    A CSV's target column: ``target`` names it. It may be left out only when the file has exactly
+    two columns (the last is then the target, and ``Dataset.target`` records which); with more
+    columns, leaving it out is an error that lists the columns. Every other column is an input and
+    must hold numbers. A target column holding text is read as class labels: the sorted distinct
+    labels become classes 0..C-1 and ``Dataset.classes`` keeps them in that order. Empty cells and
+    NA/NaN/null markers are missing; missing or non-finite values, text in an input column, ragged
+    rows and duplicate column names are refused, naming the column, the first row (counted as in a
+    spreadsheet: the header is row 1) and the value found there.
+
+    ``task``: None infers it (text labels, or at most 20 distinct integers, make a classification;
+    other numbers a regression); ``"unsupervised"``: every column (or the array X) is data, there
+    is no target and the inputs are not standardised. Otherwise the inputs are standardised with
+    the training split's statistics (kept as ``input_mean``/``input_std``); the target is used as
+    it is (``target_mean`` 0, ``target_std`` 1).
     """
     _check_seed(seed)
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
+    if task is not None and task not in _TASKS:
+        raise DataError(f"task must be one of {', '.join(map(repr, _TASKS))} or None (inferred), got {task!r}")
     path = Path(path)
     if not path.is_file():
         raise DataError(f"data file {path} does not exist")
+    if task == "unsupervised" and target is not None:
+        raise DataError(f"task='unsupervised' models every column of {path} as data; drop target={target!r}")
+    target_name = features = classes = None
     if path.suffix == ".npz":
-        try:
-            with np.load(path) as npz:
-                needed = ("X",) if task == "unsupervised" else ("X", "y")
-                if any(name not in npz for name in needed):
-                    raise DataError(f"{path} must hold arrays named {needed}; it has {sorted(npz.files)}")
-                X = np.asarray(npz["X"])
-                y = np.zeros(X.shape[0]) if task == "unsupervised" else np.asarray(npz["y"])
-        except (ValueError, OSError) as error:  # object arrays (pickles are refused), corrupt files
-            raise DataError(f"{path} is not a readable .npz of numeric arrays X and y ({error})") from None
+        if target is not None:
+            raise DataError(f"target={target!r} names a CSV column, but {path} is a .npz file: its targets are the array y")
+        X, y, classes = _read_npz(path, task)
     elif path.suffix == ".csv":
-        with path.open(newline="") as handle:
-            rows = list(csv.reader(handle))
-        if len(rows) < 2:
-            raise DataError(f"{path} needs a header row and at least one data row")
-        header, body = rows[0], rows[1:]
-        column = header.index(target) if target in header else None
-        if target is not None and column is None:
-            raise DataError(f"{path} has no column {target!r}; columns: {', '.join(header)}")
-        column = len(header) - 1 if column is None else column
-        try:
-            table = np.array([[float(v) if v.strip() else np.nan for v in row] for row in body])
-        except ValueError as error:
-            raise DataError(f"{path}: every value must be numeric ({error})") from None
-        if table.ndim != 2 or table.shape[1] != len(header):
-            raise DataError(f"{path}: rows have differing numbers of columns")
-        if task == "unsupervised":  # every column is data; there is no target
-            X, y = table, np.zeros(table.shape[0])
-        else:
-            X, y = np.delete(table, column, axis=1), table[:, column]
+        X, y, target_name, features, classes = _read_csv(path, target, task)
     else:
         raise DataError(f"data file {path} must end in .csv or .npz")
     if X.ndim != 2 or X.shape[0] < 2:
@@ -209,13 +427,22 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     # Validate before standardising: one NaN would otherwise turn a whole column into NaN.
     X, _ = validate_supervised(_AnyTargets(), (X, y), where=str(path))
     check_finite(f"{path} y", np.asarray(y))
-    if task is None:
+    if classes is not None:
+        task = "classification"
+    elif task is None:
         integral = np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0)
         task = "classification" if integral and len(np.unique(y)) <= 20 else "regression"
     train_idx, test_idx = _split(X, y, seed, test_fraction)
     if task == "unsupervised":  # the model sees the data as they are (a Bernoulli VAE needs [0, 1])
         X_train, X_test = X[train_idx], X[test_idx]
+        input_mean, input_std = _unscaled(X)
     else:
-        X_train, X_test = _standardise(X[train_idx], X[test_idx])
-    num_classes = int(np.nanmax(y)) + 1 if task == "classification" else None
-    return Dataset(path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes)
+        input_mean, input_std, (X_train, X_test) = _standardise(X[train_idx], X[test_idx])
+    num_classes = None
+    if task == "classification":
+        num_classes = len(classes) if classes is not None else int(np.nanmax(y)) + 1
+        y = y.astype(np.int32) if np.all(np.mod(y, 1) == 0) else y  # non-integer labels: the model names them
+    return Dataset(
+        path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes,
+        input_mean=input_mean, input_std=input_std, target=target_name, features=features, classes=classes,
+    )

@@ -76,9 +76,10 @@ def test_cli_bad_csv_exits_2_and_writes_nothing(tmp_path, capsys):
     csv = tmp_path / "bad.csv"
     csv.write_text("a,b,target\n1,2,0.5\nnan,3,1.5\n4,5,2.0\n6,7,1.0\n8,9,0.0\n")
     out = tmp_path / "run"
-    code = main(["fit", "--model", "linear", "--data", str(csv), "--method", "exact", "--out", str(out), "--no-progress"])
+    code = main(["fit", "--model", "linear", "--data", str(csv), "--target", "target", "--method", "exact",
+                 "--out", str(out), "--no-progress"])
     assert code == 2
-    assert "non-finite" in capsys.readouterr().err
+    assert "column 'a': 1 value, the first at row 3 ('nan')" in capsys.readouterr().err
     assert not out.exists()
 
 

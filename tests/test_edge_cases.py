@@ -139,8 +139,8 @@ def test_cli_bad_files_seeds_and_outputs_exit_2_writing_nothing(tmp_path, capsys
 def test_csv_nan_is_reported_before_standardising(tmp_path):
     csv = tmp_path / "d.csv"
     csv.write_text("a,b,t\n1,2,0\nnan,3,1\n4,5,2\n6,7,1\n")
-    with pytest.raises(ppl.DataError, match=r"1 non-finite values.*index \(1, 0\)"):
-        ppl.datasets.load_file(csv)
+    with pytest.raises(ppl.DataError, match=r"column 'a': 1 value, the first at row 3"):
+        ppl.datasets.load_file(csv, target="t")
 
 
 def test_program_numpy_scalar_and_infinite_static_values():
