@@ -470,6 +470,16 @@ class Posterior:
         (MacKay 1992; per class for softmax); ``"bridge"`` (classification) the mean of the
         Laplace-bridge Dirichlet (Hobbhahn et al. 2022). They need a Gaussian posterior or a mixture
         of Gaussians (averaged over components). With ``num_samples=None`` as many draws as stored.
+
+        ``X`` must be prepared as the training inputs were. ``ppl.datasets`` standardises inputs
+        with the training split's statistics (and ``diabetes`` its target), so for raw rows::
+
+            data = ppl.datasets.load_file("train.csv", target="y", seed=0)   # or datasets.load(name)
+            pred = post.predict((X_raw - data.input_mean) / data.input_std, seed=0)
+            mean = pred.mean * data.target_std + data.target_mean          # regression, raw units
+            lower, upper = pred.interval(0.9)                              # times target_std plus target_mean
+
+        ``ppl predict RUN --data FILE`` does this from the scaling the run saved.
         """
         if mode not in PREDICT_MODES:
             raise OptionError(f"mode={mode!r} is not one of {PREDICT_MODES}")

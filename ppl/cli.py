@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 import typing
 from pathlib import Path
@@ -59,6 +58,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     show = sub.add_parser("show", help="print a saved run")
     show.add_argument("path", help="a run folder, or any file inside one")
+    predict = sub.add_parser(
+        "predict", help="predict new rows with a saved run, prepared as its training data was (raw units in and out)"
+    )
+    predict.add_argument("run", help="a run folder written by ppl fit")
+    predict.add_argument(
+        "--data", required=True,
+        help="a .csv (columns by name, as in training; a target column, if present, is scored) or .npz file of raw "
+        "rows, or a dataset name (its test split)",
+    )
+    predict.add_argument("--out", help="CSV file to write (default: standard output)")
+    predict.add_argument("--seed", type=_seed, default=0, help="seed of the predictive draws (default 0)")
+    predict.add_argument("--num-samples", type=_positive, help="posterior draws to use (default: all stored)")
+    predict.add_argument("--level", type=float, default=0.9, help="central predictive interval (regression; default 0.9)")
     sub.add_parser("datasets", help="list the bundled datasets")
     sub.add_parser("methods", help="list the methods with their options and defaults")
     return parser
@@ -420,19 +432,30 @@ def _check_out(out: Path) -> None:
 
 
 def _data_source(args, data) -> dict:
-    """Where the command line's data came from and how it was prepared."""
+    """Where the command line's data came from and how it was prepared: what ``ppl predict`` needs to
+    prepare raw rows the same way (input and target scaling, column names, class labels)."""
+    import numpy as np
+
     is_file = Path(args.data).suffix in (".csv", ".npz")
-    source = {"source": str(Path(args.data).resolve()) if is_file else args.data}
-    if data.test is not None and data.test.X is not None:
-        source["test_rows"] = int(len(data.test.X))
-    if is_file and args.model != "vae":
-        source["target"] = args.target or "(the last column)"
-    target_scaled = data.task == "regression" and (data.target_mean != 0.0 or data.target_std != 1.0)
-    if data.task != "unsupervised":
-        source["scaling"] = (
-            f"inputs{' and target' if target_scaled else ''} standardised with the training split's mean and sd"
-        )
+    source = {
+        "source": str(Path(args.data).resolve()) if is_file else args.data, "task": data.task,
+        "test_rows": int(len(data.test.X)), "target": data.target, "features": data.features,
+        "classes": data.classes, "target_mean": float(data.target_mean), "target_std": float(data.target_std),
+    }
+    if data.input_mean is not None:
+        source["input_mean"] = np.asarray(data.input_mean, dtype=float).tolist()
+        source["input_std"] = np.asarray(data.input_std, dtype=float).tolist()
     return source
+
+
+def _scaling_text(data: dict) -> str | None:
+    inputs = data.get("input_std")
+    scaled_inputs = isinstance(inputs, list) and (any(v != 1.0 for v in inputs) or any(data.get("input_mean") or []))
+    scaled_target = data.get("target_mean", 0.0) != 0.0 or data.get("target_std", 1.0) != 1.0
+    parts = [name for name, scaled in (("inputs", scaled_inputs), ("target", scaled_target)) if scaled]
+    if not parts:
+        return None
+    return f"{' and '.join(parts)} standardised with the training split's mean and sd"
 
 
 def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
@@ -447,8 +470,8 @@ def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
         described += f", {data['test_rows']} test rows"
     if data.get("target"):
         described += f"; target column {data['target']!r}"
-    if data.get("scaling"):
-        described += f"; {data['scaling']}"
+    if _scaling_text(data):
+        described += f"; {_scaling_text(data)}"
     shown_options = ", ".join(f"{k}={v!r}" for k, v in options.items())
     versions = ", ".join(f"{k} {v}" for k, v in (provenance.get("versions") or {}).items())
     return [
@@ -583,6 +606,142 @@ def _show(args) -> int:
     return 0
 
 
+def _preparation(data: dict, num_features: int, where: Path) -> dict:
+    """The saved preparation of the training rows, checked (it is read from disk)."""
+    import math
+
+    def numbers(value, length):
+        return (isinstance(value, list) and len(value) == length
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in value))
+
+    def names(value, length=None):
+        return value is None or (isinstance(value, list) and all(isinstance(v, str) for v in value)
+                                 and (length is None or len(value) == length))
+
+    prep = {"mean": None, "std": None, "target_mean": 0.0, "target_std": 1.0,
+            "features": data.get("features"), "target": data.get("target"), "classes": data.get("classes")}
+    if "input_mean" in data or "input_std" in data:
+        if not (numbers(data.get("input_mean"), num_features) and numbers(data.get("input_std"), num_features)
+                and all(v > 0 for v in data["input_std"])):
+            raise RunError(f"{where}/posterior.json: the saved input scaling is not {num_features} finite means and positive sds")
+        prep["mean"], prep["std"] = data["input_mean"], data["input_std"]
+    for key in ("target_mean", "target_std"):
+        if key in data:
+            if not numbers([data[key]], 1) or (key == "target_std" and data[key] <= 0):
+                raise RunError(f"{where}/posterior.json: the saved {key} is not a finite (positive) number")
+            prep[key] = float(data[key])
+    if not (names(prep["features"], num_features) and names(prep["classes"])
+            and (prep["target"] is None or isinstance(prep["target"], str))):
+        raise RunError(f"{where}/posterior.json: the saved column names or class labels are malformed")
+    return prep
+
+
+def _predict(args) -> int:
+    """Predict raw rows with a saved run: prepare them as its training rows were, report in raw units."""
+    import numpy as np
+
+    import ppl
+    from ppl import datasets
+
+    folder = _run_folder(Path(args.run))
+    posterior = ppl.load(folder)
+    problem = posterior.problem
+    if problem is None or not problem.is_declarative or problem.spec.kind == "unsupervised":
+        raise UsageError(f"ppl predict needs a supervised model from ppl.models; {folder} holds a {posterior.method} run "
+                         "of another kind (for a NumPyro program use numpyro.infer.Predictive with its draws)")
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must lie in (0, 1), got {args.level}")
+    num_features = int(problem.data_X.shape[1])
+    prep = _preparation(posterior.provenance.get("data") or {}, num_features, folder)
+    if Path(args.data).suffix in (".csv", ".npz"):
+        raw, y = datasets.read_rows(args.data, num_features=num_features, features=prep["features"],
+                                    target=prep["target"], classes=prep["classes"])
+        described = f"{args.data}: {len(raw)} rows"
+    elif args.data in datasets.names():
+        seed = posterior.seed if isinstance(posterior.seed, int) else 0
+        ds = datasets.load(args.data, seed=seed)
+        if ds.input_mean is None or ds.test.X.shape[1] != num_features:
+            raise UsageError(f"--data {args.data}: its rows have {ds.test.X.shape[1]} columns; the run was fitted on {num_features}")
+        raw = np.asarray(ds.test.X) * np.asarray(ds.input_std) + np.asarray(ds.input_mean)
+        y = np.asarray(ds.test.y, dtype=float)
+        if ds.task == "regression":
+            y = y * ds.target_std + ds.target_mean
+        described = f"the test split of {args.data} (seed {seed}): {len(raw)} rows"
+    else:
+        raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
+    if prep["mean"] is None:
+        X = raw
+        described += "; the run records no input scaling (fitted through the API), so rows are used as they are"
+    else:
+        X = (raw - np.asarray(prep["mean"])) / np.asarray(prep["std"])
+    prediction = posterior.predict(X, seed=args.seed, num_samples=args.num_samples)
+    columns, summary = _prediction_columns(prediction, y, prep, args.level)
+    header = list(columns)
+    rows = zip(*(columns[name] for name in header))
+    import csv
+    import io
+
+    text = io.StringIO()
+    writer = csv.writer(text, lineterminator="\n")
+    writer.writerow(header)
+    writer.writerows([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
+    if args.out:
+        Path(args.out).write_text(text.getvalue())
+    else:
+        sys.stdout.write(text.getvalue())
+    report = sys.stdout if args.out else sys.stderr
+    print(_safe(f"predicted {described} with {folder} ({posterior.method})"
+                + (f"; written to {args.out}" if args.out else "")), file=report)
+    for line in summary:
+        print(_safe(line), file=report)
+    return 0
+
+
+def _prediction_columns(prediction, y, prep: dict, level: float) -> tuple[dict, list[str]]:
+    """CSV columns of a prediction in the data's own units (and a summary when targets are known)."""
+    import numpy as np
+
+    columns, summary = {}, []
+    if prediction.task == "regression":
+        scale, shift = prep["target_std"], prep["target_mean"]
+        lower, upper = prediction.interval(level)
+        outputs = prediction.mean.shape[1] if prediction.mean.ndim == 2 else None
+        for k in range(outputs or 1):
+            pick = (lambda a: a[:, k]) if outputs else (lambda a: a)
+            suffix = f"_{k}" if outputs else ""
+            columns[f"mean{suffix}"] = (pick(prediction.mean) * scale + shift).tolist()
+            columns[f"sd{suffix}"] = (np.sqrt(pick(prediction.variance)) * scale).tolist()
+            percent = f"{level * 100:g}"
+            columns[f"lower_{percent}{suffix}"] = (pick(lower) * scale + shift).tolist()
+            columns[f"upper_{percent}{suffix}"] = (pick(upper) * scale + shift).tolist()
+            columns[f"epistemic_sd{suffix}"] = (np.sqrt(pick(prediction.epistemic_variance)) * scale).tolist()
+            columns[f"aleatoric_sd{suffix}"] = (np.sqrt(pick(prediction.aleatoric_variance)) * scale).tolist()
+        if y is not None:
+            log_density = prediction.log_prob((y - shift) / scale) - (outputs or 1) * np.log(scale)
+            columns["log_predictive"] = log_density.tolist()
+            inside = (y >= lower * scale + shift) & (y <= upper * scale + shift)
+            summary.append(
+                f"  nll {-log_density.mean():.4f} (per row, in the target's units), "
+                f"rmse {np.sqrt(np.mean(np.square(prediction.mean * scale + shift - y))):.4g}, "
+                f"coverage of the {level:.0%} intervals {inside.mean():.3f}"
+            )
+        return columns, summary
+    labels = prep["classes"] or [str(c) for c in range(prediction.probs.shape[1])]
+    for c, label in enumerate(labels):
+        columns[f"p_{label}"] = prediction.probs[:, c].tolist()
+    columns["predicted"] = [labels[i] for i in np.argmax(prediction.probs, axis=1)]
+    columns["entropy"] = prediction.entropy.tolist()
+    if prediction.aleatoric is not None:
+        columns["aleatoric"] = prediction.aleatoric.tolist()
+        columns["epistemic"] = prediction.epistemic.tolist()
+    if y is not None:
+        log_density = prediction.log_prob(y)
+        columns["log_predictive"] = log_density.tolist()
+        accuracy = float(np.mean(np.argmax(prediction.probs, axis=1) == y.astype(int)))
+        summary.append(f"  nll {-log_density.mean():.4f} per row, accuracy {accuracy:.4f}")
+    return columns, summary
+
+
 def _datasets(args) -> int:
     from ppl.datasets import DESCRIPTIONS
 
@@ -613,7 +772,7 @@ def _methods(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"fit": _fit, "show": _show, "datasets": _datasets, "methods": _methods}
+    handlers = {"fit": _fit, "show": _show, "predict": _predict, "datasets": _datasets, "methods": _methods}
     try:
         return handlers[args.command](args)
     except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:

@@ -23,7 +23,7 @@ import numpy as np
 from ppl._data import Split, check_finite, validate_supervised
 from ppl._errors import DataError
 
-__all__ = ["Dataset", "Split", "load", "load_file", "names", "DESCRIPTIONS"]
+__all__ = ["Dataset", "Split", "load", "load_file", "read_rows", "names", "DESCRIPTIONS"]
 
 DESCRIPTIONS = {
     "breast_cancer": "Wisconsin breast cancer, 569 × 30, binary (scikit-learn)",
@@ -446,3 +446,69 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
         path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes,
         input_mean=input_mean, input_std=input_std, target=target_name, features=features, classes=classes,
     )
+
+
+def read_rows(path, *, num_features: int, features: list[str] | None = None, target: str | None = None,
+              classes: list[str] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Raw rows of a ``.csv`` or ``.npz`` file to predict: ``(X, y or None)``, nothing standardised.
+
+    A CSV's inputs are taken by name when ``features`` (the training columns, in order) is given,
+    else every column but ``target`` in file order; other columns are ignored. ``y`` is read when
+    the file has the ``target`` column (text labels map through the training ``classes``; a label
+    training never saw is an error). A ``.npz`` file holds ``X`` (and optionally ``y``).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"data file {path} does not exist")
+    if path.suffix == ".npz":
+        X, _, _ = _read_npz(path, "unsupervised")
+        try:
+            with np.load(path) as npz:
+                y = np.asarray(npz["y"]) if "y" in npz.files else None
+        except (ValueError, OSError) as error:
+            raise DataError(f"{path} is not a readable .npz of numeric arrays ({error})") from None
+        if X.ndim != 2 or X.shape[1] != num_features:
+            raise DataError(f"{path}: X has shape {list(X.shape)}; the run was fitted on {num_features} input columns")
+        return X.astype(float), _labels(path, y, classes)
+    if path.suffix != ".csv":
+        raise DataError(f"{path}: expected a .csv or .npz file")
+    try:
+        with path.open(newline="", encoding="utf-8-sig") as handle:
+            header = [cell.strip() for cell in next(csv.reader(handle), [])]
+    except (UnicodeDecodeError, csv.Error):
+        header = []  # _read_csv below names the problem
+    has_target = target is not None and target in header
+    task = "unsupervised" if not has_target else ("classification" if classes else None)
+    X, y, _, names, new_classes = _read_csv(path, target if has_target else None, task)
+    if features is not None:
+        missing = [name for name in features if name not in names]
+        if missing:
+            raise DataError(
+                f"{path} lacks the input column(s) {_listing(missing)} the run was fitted on; its columns: {_listing(names)}"
+            )
+        X = X[:, [names.index(name) for name in features]]
+    elif X.shape[1] != num_features:
+        raise DataError(
+            f"{path} has {X.shape[1]} input column(s) ({_listing(names)}); the run was fitted on {num_features}"
+        )
+    if not has_target:
+        return X, None
+    if new_classes is not None:  # text labels: back to text, then to the training classes' indices
+        y = np.array([new_classes[int(i)] for i in y], dtype=object)
+    return X, _labels(path, y, classes)
+
+
+def _labels(path, y, classes):
+    """Targets as the run's numbers: text labels mapped through the training ``classes``."""
+    if y is None:
+        return None
+    y = np.asarray(y)
+    if classes is None:
+        if y.dtype.kind not in "biuf":
+            raise DataError(f"{path}: the targets are text but the run was fitted on numeric labels")
+        return y.astype(float)
+    index = {label: k for k, label in enumerate(classes)}
+    unknown = sorted({str(v) for v in y.ravel().tolist()} - set(index))
+    if unknown:
+        raise DataError(f"{path}: label(s) {_listing(unknown)} were not among the training classes {_listing(classes)}")
+    return np.array([index[str(v)] for v in y.ravel().tolist()], dtype=float)

@@ -152,3 +152,59 @@ def test_progress_bar_is_public_and_checked(linear_model, linear_data):
     assert post.status.converged
     with pytest.raises(ppl.OptionError, match="progress_bar must be True, False or None"):
         ppl.fit(linear_model, linear_data.train, method="map", seed=0, progress_bar="yes")
+
+
+# -- prediction on new data ------------------------------------------------------------------------
+def test_predict_raw_csv_rows_as_training_prepared_them(tmp_path):
+    rng = np.random.default_rng(0)
+    n = 120
+    x1, x2 = rng.normal(50.0, 10.0, n), rng.normal(-3.0, 0.5, n)  # far from standardised
+    label = np.where(0.1 * (x1 - 50.0) + 2.0 * (x2 + 3.0) + rng.normal(0, 0.5, n) > 0, "yes", "no")
+    rows = [f"{a:.4f},{b:.4f},{c}" for a, b, c in zip(x1, x2, label)]
+    (tmp_path / "train.csv").write_text("x1,x2,answer\n" + "\n".join(rows))
+    # new rows: columns in another order, no target, one extra column that is ignored
+    (tmp_path / "new.csv").write_text("note,x2,x1\n" + "\n".join(f"7,{b:.4f},{a:.4f}" for a, b in zip(x1[:5], x2[:5])))
+    fitted = _ppl("fit", "--model", "logistic", "--data", "train.csv", "--target", "answer", "--method", "laplace",
+                  "--out", "run", "--no-progress", cwd=tmp_path)
+    assert fitted.returncode == 0, fitted.stderr
+    done = _ppl("predict", "run", "--data", "new.csv", "--out", "preds.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    header, *lines = (tmp_path / "preds.csv").read_text().splitlines()
+    assert header.split(",") == ["p_no", "p_yes", "predicted", "entropy", "aleatoric", "epistemic"]
+    probs = np.array([[float(v) for v in line.split(",")[:2]] for line in lines])
+    # the same rows prepared by hand with the training split's statistics give the same probabilities
+    data = ppl.datasets.load_file(tmp_path / "train.csv", target="answer", seed=0)
+    post = ppl.load(tmp_path / "run")
+    raw = np.round(np.c_[x1[:5], x2[:5]], 4)  # as written to the file
+    expected = post.predict((raw - data.input_mean) / data.input_std, seed=0).probs
+    # (the command ran in float32, this process runs float64; the CSV keeps 6 digits)
+    np.testing.assert_allclose(probs, expected, rtol=1e-4, atol=1e-6)
+    assert [line.split(",")[2] for line in lines] == [["no", "yes"][i] for i in expected.argmax(axis=1)]
+    # rows with the target column are scored too; a label training never saw is an error
+    (tmp_path / "scored.csv").write_text("x1,x2,answer\n" + "\n".join(rows[:10]))
+    scored = _ppl("predict", "run", "--data", "scored.csv", cwd=tmp_path)
+    assert scored.returncode == 0 and "log_predictive" in scored.stdout.splitlines()[0] and "accuracy" in scored.stderr
+    (tmp_path / "odd.csv").write_text("x1,x2,answer\n1,2,maybe")
+    odd = _ppl("predict", "run", "--data", "odd.csv", cwd=tmp_path)
+    assert odd.returncode == 2 and "'maybe'" in odd.stderr and "training classes" in odd.stderr
+
+
+def test_predict_reports_regression_in_the_target_s_own_units(tmp_path):
+    fitted = _ppl("fit", "--model", "linear", "--data", "diabetes", "--method", "exact", "--out", "run", "--no-progress",
+                  cwd=tmp_path)
+    assert fitted.returncode == 0, fitted.stderr
+    done = _ppl("predict", "run", "--data", "diabetes", "--out", "p.csv", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    header, *lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert header.split(",")[:4] == ["mean", "sd", "lower_90", "upper_90"]
+    table = np.array([[float(v) for v in line.split(",")] for line in lines])
+    data = ppl.datasets.load("diabetes", seed=0)
+    raw_y = np.asarray(data.test.y) * data.target_std + data.target_mean
+    assert abs(table[:, 0].mean() - raw_y.mean()) < 0.3 * raw_y.std()  # raw units (~150), not standardised (~0)
+    assert np.all(table[:, 2] < table[:, 0]) and np.all(table[:, 0] < table[:, 3])
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
+    # the same test rows scored by ppl fit (standardised units) and by ppl predict (raw units)
+    nll = float(done.stdout.split("nll ")[1].split(" ")[0])
+    assert abs(nll - (summary["nll"] + np.log(data.target_std))) < 0.02
+    coverage = float(done.stdout.split("intervals ")[1].split()[0])
+    assert abs(coverage - summary["coverage_90"]) < 0.03
