@@ -38,6 +38,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 from typing import NamedTuple
@@ -663,16 +664,23 @@ def _open_snapshot(path) -> _Snapshot:
 
 
 def _with_snapshot(path, read):
-    """``read(snapshot)``, retried when a concurrent save replaced the folder while it was read."""
-    for attempt in range(3):
+    """``read(snapshot)``, retried when a concurrent save replaced the folder while it was read.
+
+    A save swaps the new run in and then deletes the old one's files; a reader holding the old folder
+    sees them vanish. Under load a reader can lose that race several times in a row, so it retries
+    with a growing pause (about 1.3 s in all) before reporting the folder incomplete.
+    """
+    attempts = 12
+    for attempt in range(attempts):
         snapshot = _open_snapshot(path)
         try:
             return read(snapshot)
         except _Vanished:
-            if attempt == 2:
+            if attempt == attempts - 1:
                 raise
         finally:
             snapshot.close()
+        time.sleep(0.02 * attempt)
 
 
 def read_run_meta(path) -> tuple[dict, dict | None, dict]:
