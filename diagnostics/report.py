@@ -371,12 +371,8 @@ def _apart(value: float, threshold: float) -> str:
 
 
 def _next_step(posterior, topic: str) -> str:
-    """The next thing to try for a failed check: the method's own advice (``Method.remedy``)."""
-    from ppl.inference._base import Method
-    from ppl.inference.registry import METHODS, get
-
-    cls = get(posterior.method) if posterior.method in METHODS else Method
-    return cls.remedy(posterior, topic)
+    """The next thing to try for a failed check: the method's own advice."""
+    return posterior.remedy(topic)
 
 
 def _member_notes(posterior, notes: dict) -> None:

@@ -570,6 +570,14 @@ class Posterior:
         )
 
     # -- diagnostics, export, persistence ---------------------------------------------------------
+    def remedy(self, topic: str) -> str:
+        """What to try when a diagnostic check of ``topic`` fails (``"fit"``, ``"mixing"``,
+        ``"steps"``), in the options of the method that ran (``Method.remedy``)."""
+        from ppl.inference._base import Method
+        from ppl.inference.registry import METHODS, get
+
+        return (get(self.method) if self.method in METHODS else Method).remedy(self, topic)
+
     def diagnostics(self):
         """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""
         if "diagnostics" not in self._cache:
