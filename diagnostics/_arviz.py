@@ -8,7 +8,7 @@ import warnings
 import arviz as az
 import numpy as np
 
-__all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data"]
+__all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains"]
 
 
 @contextlib.contextmanager
@@ -102,12 +102,35 @@ def relative_efficiency(arrays) -> float:
     return reff if np.isfinite(reff) and reff > 0 else 1.0
 
 
-def inference_data(*, posterior: dict, sample_stats: dict, log_likelihood: dict, observed_data: dict, dims: dict):
+def inference_data(*, posterior: dict, sample_stats: dict, log_likelihood: dict, posterior_predictive: dict,
+                   observed_data: dict, dims: dict):
     """Build ``arviz.InferenceData`` from dicts of (chain, draw, ...) arrays."""
     return az.from_dict(
         posterior=posterior,
         sample_stats=sample_stats or None,
         log_likelihood=log_likelihood or None,
+        posterior_predictive=posterior_predictive or None,
         observed_data=observed_data or None,
         dims=dims,
     )
+
+
+def plot_chains(draws: dict, path, *, kind: str):
+    """A trace plot (``kind="trace"``: density and trace per series) or rank plot of scalar series
+    (name -> (chain, draw)), saved as a PNG at ``path``; returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, never a window
+    import matplotlib.pyplot as plt
+
+    data = az.from_dict(posterior={name: np.asarray(value, dtype=float) for name, value in draws.items()})
+    with _quiet():
+        if kind == "trace":
+            axes = az.plot_trace(data, compact=False, figsize=(9, 1.7 * len(draws)))
+        else:
+            axes = az.plot_rank(data, figsize=(3.2 * min(3, len(draws)), 2.6 * -(-len(draws) // 3)))
+    figure = np.ravel(axes)[0].figure
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+    return path

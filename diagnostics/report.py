@@ -433,30 +433,60 @@ def _dims(posterior, loglik_name: str) -> dict:
 
 
 def to_inference_data(posterior):
-    """ArviZ InferenceData: posterior, sample_stats, log_likelihood, observed_data, named dims."""
+    """ArviZ InferenceData: posterior, sample_stats, log_likelihood, observed_data and, for a
+    supervised model from ppl.models, posterior_predictive (one replicate of the training targets per
+    draw, so ``az.plot_ppc`` works); named dims. An ensemble's members are exported as the draws of
+    one chain (they are separate optima, not chains)."""
     problem, chain_stats = posterior.problem, posterior.chain_stats
+    if posterior.kind == "members":
+        def layout(array):
+            array = np.asarray(array)
+            return array.reshape(1, -1, *array.shape[2:])
+    else:
+        def layout(array):
+            return np.asarray(array)
     stats = {}
     if chain_stats is not None:
         # ArviZ's names for the per-transition statistics (chain, draw)
         for name, value in (("diverging", chain_stats.diverging), ("n_steps", chain_stats.num_steps),
                             ("acceptance_rate", chain_stats.accept_prob), ("energy", chain_stats.energy)):
             if value is not None and np.shape(value) == (posterior.num_chains, posterior.num_draws):
-                stats[name] = np.asarray(value)
+                stats[name] = layout(value)
     log_ratios = posterior.log_density_ratios()
     if log_ratios is not None:
-        stats["log_ratio"] = log_ratios.reshape(posterior.num_chains, posterior.num_draws)
+        stats["log_ratio"] = layout(log_ratios.reshape(posterior.num_chains, posterior.num_draws))
     observed = posterior.observed_data()
     # One pointwise log-likelihood: named after the observed site, or "joint" when several observed
     # sites are summed per datum.
     loglik = posterior.pointwise_log_likelihood()
     name = problem.spec.observed[0] if len(problem.spec.observed) == 1 else "joint"
     return _arviz.inference_data(
-        posterior=posterior.draws,
+        posterior={site: layout(value) for site, value in posterior.draws.items()},
         sample_stats=stats,
-        log_likelihood={} if loglik is None else {name: loglik},
+        log_likelihood={} if loglik is None else {name: layout(loglik)},
+        posterior_predictive={k: layout(v) for k, v in _replicates(posterior).items()},
         observed_data=observed,
         dims=_dims(posterior, name),
     )
+
+
+def _replicates(posterior) -> dict:
+    """{"y": (chain, draw, N[, K])}: one draw of the training targets from the likelihood at each
+    posterior draw (a supervised model from ppl.models; otherwise nothing)."""
+    problem = posterior.problem
+    if not problem.is_declarative or problem.spec.kind == "unsupervised":
+        return {}
+    X = np.asarray(problem.data[0])
+    prediction = posterior.predict(X, seed=0)
+    rng = np.random.default_rng(0 if not isinstance(posterior.seed, int) else posterior.seed)
+    if prediction.task == "classification":
+        cumulative = np.cumsum(prediction.member_probs, axis=-1)
+        uniform = rng.random(cumulative.shape[:-1] + (1,))
+        values = np.minimum((uniform > cumulative).sum(axis=-1), cumulative.shape[-1] - 1)
+    else:
+        noise = np.broadcast_to(prediction.noise_per_draw(), prediction.member_means.shape)
+        values = prediction.member_means + noise * rng.standard_normal(prediction.member_means.shape)
+    return {"y": values.reshape(posterior.num_chains, posterior.num_draws, *values.shape[1:])}
 
 
 def _equals_target(log_ratios: np.ndarray, log_q: np.ndarray) -> bool:

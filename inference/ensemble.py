@@ -25,7 +25,9 @@ import numpy as np
 from ppl._checkpoint import Session
 from ppl._posterior import Posterior
 from ppl.inference._base import check_positive_int
-from ppl.inference.optimize import MAP, NegativeLogJoint, _full_gradient, _moved, loss_convergence, minimize
+from ppl.inference.optimize import (
+    MAP, NegativeLogJoint, _full_gradient, _moved, gradient_evidence, loss_convergence, minimize,
+)
 
 __all__ = ["Ensemble", "member_keys"]
 
@@ -71,10 +73,9 @@ class Ensemble(MAP):
         def build(params, losses):
             judged = []
             for m in range(self.num_members):
-                final_norm = float(_full_gradient(objective, problem, params[m], run_keys[m])[1])
                 judged.append(loss_convergence(
-                    losses[m], self.steps, moved=_moved(starts[m], params[m]), gradient=(start_norms[m], final_norm),
-                    stochastic=config.batch_size is not None,
+                    losses[m], self.steps, moved=_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
+                    **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
                 ))
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :],

@@ -176,6 +176,42 @@ def _full_gradient(objective, problem, params, key):
     return value, optax.tree_utils.tree_norm(grad)
 
 
+DESCENT_TRIALS = 40  # step lengths along −∇f tried by the descent test, each half the last
+
+
+@partial(jax.jit, static_argnames=("objective",))
+def _descends(objective, problem, params, key):
+    """Whether some step along −∇f lowers the full-batch objective by Armijo's sufficient decrease,
+    f(x − t g) ≤ f(x) − 1e-4 t |g|², for t = t₀ 2^−k, k < ``DESCENT_TRIALS``, t₀ = 0.1 max(|x|, 1)/|g|.
+
+    A smooth objective with a gradient that does not vanish always descends for small enough t. A
+    piecewise-linear one (a ReLU network's loss) can sit at a kink where the gradient of one piece
+    stays large and yet every step along it climbs: a local minimum that no gradient-norm test
+    recognises.
+    """
+    def f(p):
+        return objective(p, problem, key, None)
+
+    value, grad = jax.value_and_grad(f)(params)
+    flat_x, unravel = jax.flatten_util.ravel_pytree(params)
+    flat_g = jax.flatten_util.ravel_pytree(grad)[0]
+    norm2 = jnp.sum(flat_g * flat_g)
+    first = 0.1 * jnp.maximum(jnp.linalg.norm(flat_x), 1.0) / jnp.sqrt(jnp.maximum(norm2, jnp.finfo(flat_x.dtype).tiny))
+    steps = first * 0.5 ** jnp.arange(DESCENT_TRIALS, dtype=flat_x.dtype)
+    trial = jax.lax.map(lambda t: f(unravel(flat_x - t * flat_g)), steps)
+    return jnp.any(trial <= value - 1e-4 * steps * norm2)
+
+
+def gradient_evidence(objective, problem, params, key, start_norm: float) -> dict:
+    """The ``gradient`` (and, when its norm is not small, ``descends``) arguments of
+    :func:`loss_convergence` for a deterministic full-batch objective at ``params``."""
+    final = float(_full_gradient(objective, problem, params, key)[1])
+    judged = {"gradient": (start_norm, final)}
+    if not (math.isfinite(final) and final <= GRADIENT_RTOL * max(start_norm, 1.0)):
+        judged["descends"] = bool(_descends(objective, problem, params, key))
+    return judged
+
+
 GRADIENT_REPEATS = 32  # independent gradient estimates behind the stochastic stationarity test
 STATIONARITY_ALPHA = 1e-3  # family-wise false-alarm rate of that test at a true optimum
 
@@ -371,7 +407,7 @@ def minimize(
 
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
-                     gradient: tuple | None = None, stochastic: bool = True,
+                     gradient: tuple | None = None, stochastic: bool = True, descends: bool | None = None,
                      stationary: tuple | None = None) -> tuple[RunStatus, TrainingTrace]:
     """Judge whether an optimisation run settled, from its loss curve and its final state.
 
@@ -388,7 +424,9 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
       is not above the best one seen (an optimiser thrown off by overflow or a failed line search
       ends far above it), and, when ``gradient`` = (‖∇f(x_0)‖, ‖∇f(x_T)‖) of the full-batch objective
       is given, the final gradient is small relative to where the run started:
-      ‖∇f(x_T)‖ ≤ ``GRADIENT_RTOL`` · max(‖∇f(x_0)‖, 1).
+      ‖∇f(x_T)‖ ≤ ``GRADIENT_RTOL`` · max(‖∇f(x_0)‖, 1) — or, with ``descends=False`` (from
+      :func:`_descends`), no step along −∇f(x_T) lowers the loss: a kink of a piecewise-linear
+      loss (ReLU networks) at a local minimum, where the gradient of one piece need not vanish.
 
     With ``stationary`` = (max |t|, threshold) from :func:`stationarity`, a stochastic objective's
     expected gradient must also be zero within its Monte Carlo noise at the end.
@@ -438,10 +476,14 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     if gradient is not None:
         start_norm, final_norm = (float(g) for g in gradient)
         result["grad_norm"] = final_norm
-        if not math.isfinite(final_norm) or final_norm > GRADIENT_RTOL * max(start_norm, 1.0):
+        large = not math.isfinite(final_norm) or final_norm > GRADIENT_RTOL * max(start_norm, 1.0)
+        if large and descends is not False:
             reasons.append(
                 f"the final gradient norm {final_norm:.3g} is not small against the starting {start_norm:.3g}"
+                + (" and a step along it still lowers the loss" if descends else "")
             )
+        elif large:
+            result["kink"] = True
     if stationary is not None:
         t_max, threshold = stationary
         result["gradient_t_max"] = t_max
@@ -451,7 +493,11 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
                 f"{t_max:.3g} standard errors from zero (threshold {threshold:.2f}) — still moving along a ridge "
                 "or stopped early; raise steps or learning_rate"
             )
-    status = RunStatus(converged=not reasons, convergence="; ".join(reasons) or "settled")
+    settled = "settled" if not result.pop("kink", False) else (
+        "settled at a kink: the gradient does not vanish but no step along it lowers the loss (a local minimum "
+        "of a piecewise-linear loss, as a ReLU network's)"
+    )
+    status = RunStatus(converged=not reasons, convergence="; ".join(reasons) or settled)
     if planned_steps is not None:
         status = status._replace(interrupted=len(losses) < planned_steps, steps_done=len(losses))
     return status, TrainingTrace(losses=np.asarray(losses), **result)
@@ -509,10 +555,9 @@ class MAP(Method):
         start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
 
         def build(params, losses):
-            _, final_norm = _full_gradient(objective, problem, params, run_key)
             status, trace = loss_convergence(
-                losses, self.steps, moved=_moved(start, params), gradient=(start_norm, float(final_norm)),
-                stochastic=config.batch_size is not None,
+                losses, self.steps, moved=_moved(start, params), stochastic=config.batch_size is not None,
+                **gradient_evidence(objective, problem, params, run_key, start_norm),
             )
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], status=status,

@@ -61,6 +61,7 @@ from ppl.inference.optimize import (
     OptimizerConfig,
     _full_gradient,
     _moved,
+    gradient_evidence,
     loss_convergence,
     minimize,
     stationarity,
@@ -147,8 +148,9 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
         # A density without a mode (a funnel's log τ → −∞) sends L-BFGS off to infinity: judge the
         # climb as map judges itself, and start from the median when it did not settle.
         start_norm = float(_full_gradient(objective, problem, start, key)[1])
-        final_norm = float(_full_gradient(objective, problem, mode, key)[1])
-        judged, _ = loss_convergence(result.losses, None, gradient=(start_norm, final_norm), stochastic=False)
+        judged, _ = loss_convergence(
+            result.losses, None, stochastic=False, **gradient_evidence(objective, problem, mode, key, start_norm)
+        )
         if not judged.converged:
             return Frame.plain(start), f"the MAP start did not settle ({judged.convergence}); {fallback}"
     if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
@@ -386,7 +388,7 @@ class SVI(Method):
             flat = draw(family, draw_key, 1 if family.kind == "point" else self.num_draws)
             judged = {"moved": _moved(start, params)}
             if delta:
-                judged["gradient"] = (start_norm, float(_full_gradient(objective, problem, params, run_key)[1]))
+                judged.update(gradient_evidence(objective, problem, params, run_key, start_norm))
             elif not problem.local_sites:
                 # (A VAE's networks are judged on their loss curve alone: a network trained by Adam
                 # is never at a stationary point to this precision, nor is it meant to be.)

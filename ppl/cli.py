@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     show = sub.add_parser("show", help="print a saved run")
     show.add_argument("path", help="a run folder, or any file inside one")
+    show.add_argument(
+        "--plots", action="store_true",
+        help="also write PNG figures into the run folder: trace and rank plots (samplers), the loss curve "
+        "(optimisers), the predictive over the inputs (1-D regression, 2-D classification)",
+    )
     predict = sub.add_parser(
         "predict", help="predict new rows with a saved run, prepared as its training data was (raw units in and out)"
     )
@@ -552,6 +557,19 @@ def _run_folder(path: Path) -> Path:
     raise RunError(f"{path} is a file, and no folder above it holds a saved ppl run; give the run folder")
 
 
+def _plots(path: Path) -> list[str]:
+    """Write the run's figures into its folder (loading it: nothing it names is imported)."""
+    import ppl
+    from ppl.diagnostics.plots import write_plots
+
+    # a plain program's run loads detached (its program is never imported): trace, rank and loss
+    # plots come from the saved draws and records, the predictive needs the model
+    written = write_plots(ppl.load(path), path)
+    if not written:
+        return ["figures: none applies to this run"]
+    return ["figures: " + ", ".join(str(p) for p in written)]
+
+
 def _show(args) -> int:
     """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
     from ppl._io import _diagnostics_from, read_run_files
@@ -597,6 +615,8 @@ def _show(args) -> int:
     lines.extend(_kfold_lines(summary))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
         lines.append(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}")
+    if args.plots:
+        lines.extend(_plots(path))
     if record is not None:
         lines.append(record.verdict(_held_out(summary)))
     else:

@@ -874,3 +874,23 @@ def test_a_saved_covariance_factor_must_be_a_cholesky_factor(tmp_path, linear_mo
     _reseal_with(tmp_path / "r", "arrays.npz", buffer.getvalue())
     with pytest.raises(ppl.RunError, match="lower triangular"):
         ppl.load(tmp_path / "r")
+
+
+def test_a_map_at_a_kink_of_a_piecewise_linear_loss_is_converged():
+    # A Laplace likelihood's MAP sits at the data's median, a kink where the gradient of either
+    # side stays near 1: no gradient-norm test can pass, yet no step along the gradient lowers the
+    # loss. A smooth loss stopped early still fails (test_healthy_optimisers_are_converged and the
+    # non-stationary cases above).
+    import numpyro
+    import numpyro.distributions as dist
+
+    def program(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample("y", dist.Laplace(mu, 1.0), obs=y)
+
+    post = ppl.fit(program, {"y": np.array([0.3, 1.7, 2.2, 5.0, 9.0])}, method="map", seed=0)
+    assert abs(float(post.draws["mu"][0, 0]) - 2.2) < 1e-6
+    assert post.trace.grad_norm > 0.5
+    assert post.status.converged and "kink" in post.status.convergence
+    assert post.diagnostics().ok

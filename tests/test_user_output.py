@@ -208,3 +208,34 @@ def test_predict_reports_regression_in_the_target_s_own_units(tmp_path):
     assert abs(nll - (summary["nll"] + np.log(data.target_std))) < 0.02
     coverage = float(done.stdout.split("intervals ")[1].split()[0])
     assert abs(coverage - summary["coverage_90"]) < 0.03
+
+
+# -- plots from the export -------------------------------------------------------------------------
+def test_the_export_has_a_posterior_predictive_and_ensembles_export_without_warnings(linear_model, linear_data):
+    import warnings
+
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200)
+    idata = post.to_arviz()
+    replicates = idata.posterior_predictive["y"].values
+    assert replicates.shape == (4, 200, 80) and idata.observed_data["y"].shape == (80,)
+    # replicates spread like the data: their sd per point is the predictive sd (noise 0.5 and more)
+    assert 0.5 < float(replicates.std(axis=(0, 1)).mean()) < 0.6
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # ArviZ's "more chains than draws" would be one
+        members = ppl.fit(linear_model, linear_data.train, method="ensemble", seed=0).to_arviz()
+    assert members.posterior["w"].shape == (1, 5, 3)  # the members as the draws of one chain
+
+
+def test_show_plots_writes_the_figures_that_apply(tmp_path):
+    for method, extra in (("nuts", ["--set", "num_warmup=100", "--set", "num_samples=100"]), ("svi", ["--set", "steps=300"])):
+        done = _ppl("fit", "--model", "bnn", "--data", "sinusoid", "--method", method, "--set", "hidden=8", *extra,
+                    "--out", method, "--no-progress", cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+        shown = _ppl("show", method, "--plots", cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert shown.stdout.splitlines()[-1].startswith("verdict: ")
+        expected = {"nuts": ["trace.png", "rank.png", "predictive.png"], "svi": ["loss.png", "predictive.png"]}[method]
+        for name in expected:
+            assert f"{method}/{name}" in shown.stdout
+            assert (tmp_path / method / name).read_bytes().startswith(b"\x89PNG")
+        assert ppl.load(tmp_path / method).method == method  # the figures beside the run do not disturb it
