@@ -162,8 +162,15 @@ def _apply_resume(args) -> None:
     from ppl._io import read_run_files
 
     folder = Path(args.resume)
-    _, _, extras = read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
+    meta, _, extras = read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
     saved = extras.get(INVOCATION)
+    model = meta.get("fingerprint", {}).get("model") if isinstance(meta.get("fingerprint"), dict) else None
+    if saved is None and isinstance(model, dict) and model.get("kind") == "function":
+        raise RunError(
+            f"{folder}: a run of the plain NumPyro program {model.get('module')}.{model.get('qualname')}, which the "
+            "command line cannot run; resume it in Python: ppl.fit(<the program>, data, method=..., seed=..., "
+            f"resume={str(folder)!r})"
+        )
     if not _valid_invocation(saved):
         raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
     differences = []
@@ -369,8 +376,12 @@ def _show(args) -> int:
         f"{path}: {meta['method']} on {described} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, "
         f"status {status}",
         f"sites: {sites}",
-        f"options: {meta['options']}",
     ]
+    if meta["deterministic"]:
+        lines.append("deterministic sites: " + ", ".join(f"{name}{tuple(shape)}" for name, shape in meta["deterministic"]))
+    if meta["function_sites"]:
+        lines.append(f"function sites (function-space R-hat): {', '.join(meta['function_sites'])}")
+    lines.append(f"options: {meta['options']}")
     if meta.get("resume"):
         lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
     print(_safe("\n".join(lines)))
@@ -387,6 +398,13 @@ def _show(args) -> int:
         print(_safe(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}"))
     elif record is not None:
         print(record)
+    elif model["kind"] == "function":
+        # Computing them would run the program, which ppl show never imports.
+        raise RunError(_safe(
+            f"{path}: no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'}), "
+            f"and computing them needs the program {model['module']}.{model['qualname']}, which ppl show never "
+            f"imports — in Python: ppl.load({str(path)!r}, model=<the program>).diagnostics()"
+        ))
     else:
         print(_safe(f"no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'})"))
     return 0
