@@ -382,7 +382,12 @@ def _show(args) -> int:
     if meta["function_sites"]:
         lines.append(f"function sites (function-space R-hat): {', '.join(meta['function_sites'])}")
     lines.append(f"options: {meta['options']}")
-    if meta.get("resume"):
+    if meta.get("resume") and model["kind"] == "function":
+        lines.append(
+            f"resumable: progress {meta['resume']['progress']} — continue in Python with: "
+            f"ppl.fit(<the program>, data, method=..., seed=..., resume={str(path)!r})"
+        )
+    elif meta.get("resume"):
         lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
     print(_safe("\n".join(lines)))
     summary = extras.get("summary.json")

@@ -8,6 +8,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "models" / "own_model.md"
 
@@ -24,6 +25,7 @@ def test_the_page_has_its_steps():
         assert step in text, step
 
 
+@pytest.mark.slow  # about 20 s: NUTS with 4 chains and SVI at their defaults, as the page runs them
 def test_the_page_runs_and_says_what_it_finds(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the page saves to a relative folder
     # Run as a user's script runs: its program lives in __main__, so saving it warns.

@@ -22,6 +22,7 @@ from numpyro.distributions import constraints
 
 import ppl
 from ppl import _io
+from ppl.cli import main
 from ppl.diagnostics import _arviz
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
@@ -336,7 +337,7 @@ def _ppl_command() -> list:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "ppl.cli"]
 
 
-def test_a_program_from_main_warns_on_save_and_shows_from_its_files(tmp_path):
+def test_a_program_from_main_warns_on_save_and_shows_from_its_files(tmp_path, capsys):
     (tmp_path / "fit.py").write_text(SCRIPT)
     run, bare = tmp_path / "run", tmp_path / "bare"
     env = {**os.environ, "PYTHONWARNINGS": "default"}
@@ -352,13 +353,19 @@ def test_a_program_from_main_warns_on_save_and_shows_from_its_files(tmp_path):
     assert "Diagnostics — laplace" in shown.stdout and "khat" in shown.stdout
 
     # Without saved diagnostics, showing them would need the program: exit 2, saying how to get them.
-    missing = subprocess.run([*_ppl_command(), "show", str(bare)], capture_output=True, text=True, cwd=tmp_path)
-    assert missing.returncode == 2 and "Traceback" not in missing.stderr
-    assert "model=<the program>" in missing.stderr and "never imports" in missing.stderr
-
-    resumed = subprocess.run([*_ppl_command(), "fit", "--resume", str(run)], capture_output=True, text=True, cwd=tmp_path)
-    assert resumed.returncode == 2 and "Traceback" not in resumed.stderr
-    assert "resume it in Python" in resumed.stderr
+    assert main(["show", str(bare)]) == 2
+    assert "model=<the program>" in capsys.readouterr().err
+    assert main(["fit", "--resume", str(run)]) == 2
+    assert "resume it in Python" in capsys.readouterr().err
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert ppl.load(run).draws["twice"].shape == (1, 1000)
+
+
+def test_showing_a_program_checkpoint_says_to_resume_in_python(tmp_path, capsys):
+    ppl.fit(counted, {"values": np.array([0.4, 1.2, 0.9])}, method="map", seed=0, optimizer="adam", steps=100,
+            checkpoint=tmp_path / "ck", checkpoint_every=50)
+    assert main(["show", str(tmp_path / "ck")]) == 2
+    captured = capsys.readouterr()
+    assert "continue in Python" in captured.out and "ppl fit --resume" not in captured.out
+    assert "model=<the program>" in captured.err
