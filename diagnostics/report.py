@@ -21,6 +21,21 @@ def _has_hidden_layers(problem) -> bool:
     return problem.is_declarative and len(problem.layers()) > 1
 
 
+def _judged_in_function_space(problem) -> bool:
+    """Whether weight space is unidentifiable, so that function space decides convergence: a
+    declarative network with hidden layers, or a plain program that names its function sites."""
+    return _has_hidden_layers(problem) or bool(problem.function_sites)
+
+
+NO_FUNCTION_SITES = (
+    "plain NumPyro program without function_sites: convergence is judged in weight space only (rhat_max). "
+    "For a hand-written neural network that R-hat is inflated even for a perfect sampler, because hidden units "
+    "can be permuted and their signs flipped without changing the function, so chains settle in relabelled "
+    "copies of the same mode; record the network's outputs with numpyro.deterministic('f', ...) and pass "
+    "function_sites=('f',) to ppl.fit to get function-space R-hat"
+)
+
+
 class _Findings:
     """What the diagnostics found, as they go: a structured :class:`Check` for every threshold
     tested (``ok`` is their conjunction), advisory warnings that fail nothing, and notes on fields
@@ -95,7 +110,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
             f"only {posterior.num_draws} draw(s) per chain: too few to assess convergence — raise num_samples",
         )
         return
-    arrays = list(posterior.draws.values())
+    arrays = list(posterior.latent_draws.values())
     multi_chain = posterior.num_chains >= 2
     record.rhat_max = max_rhat(arrays) if multi_chain else None
     record.ess_bulk_min = min_ess(arrays, "bulk")
@@ -104,15 +119,23 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
     if functions is not None and multi_chain:
         record.rhat_function_max = max_rhat([functions])
     elif functions is None:
-        found.note("rhat_function_max", "plain NumPyro program: no network outputs to probe")
-    symmetric = _has_hidden_layers(problem)
+        found.note("rhat_function_max", NO_FUNCTION_SITES)
+    symmetric = _judged_in_function_space(problem)
     if not multi_chain:
         found.note(("rhat_max", "rhat_function_max"), "R-hat compares chains: run num_chains ≥ 2")
-    elif symmetric:
+    elif symmetric and problem.is_declarative:
         found.note("rhat_max", (
             "weight-space R-hat of a network with hidden layers is inflated by permutation and sign "
             "symmetries even for a perfect sampler; judge convergence by rhat_function_max"
         ))
+    elif symmetric:
+        found.note("rhat_max", (
+            f"weight-space R-hat, reported only: the program names function sites ({', '.join(problem.function_sites)}), "
+            "so convergence is judged by rhat_function_max on their draws (a network's weights are inflated by "
+            "permutation and sign symmetries even for a perfect sampler)"
+        ))
+    if functions is not None and multi_chain and not problem.is_declarative:
+        found.note("rhat_function_max", f"R-hat of the draws of the function sites {', '.join(problem.function_sites)}")
     # Without hidden layers weights are identifiable and both R-hats count; with them, only the
     # function-space one does.
     for field, label in (("rhat_function_max", "function-space R-hat"), ("rhat_max", "R-hat")):
@@ -135,6 +158,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
                 )
     else:
         found.note(("ess_bulk_min", "ess_tail_min"), "weight-space ESS; see the note on rhat_max")
+        outputs = "the network's outputs" if problem.is_declarative else "the function sites' values"
         if functions is not None:
             # Weight-space ESS says nothing for such networks; the network's outputs still must
             # be sampled well enough, with one chain as with several.
@@ -145,7 +169,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
                 record.notes[f"ess_{label}_min"] += f"; function-space {label} ESS {value:.0f}"
                 found.check(
                     f"function_ess_{label}_min", value, ess_needed, value >= ess_needed,
-                    f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): the network's outputs "
+                    f"function-space {label} ESS {value:.0f} < {ess_needed} (100 per chain): {outputs} "
                     f"are estimated from too few effective draws — {_next_step(posterior, 'mixing')}",
                 )
     stuck = _stuck_chains(posterior)

@@ -543,7 +543,7 @@ def sbc(
             draws = _flatten(_posterior_draws(post, num_ranks, draw_key), site_names, num_ranks)
             ranks[i] = ranks_of(draws, flat_truth, tie_key)
             if min_ess is not None:
-                min_ess[i] = convergence.min_ess(list(post.draws.values()), "bulk")
+                min_ess[i] = convergence.min_ess(list(post.latent_draws.values()), "bulk")
             if cdf_values is not None:
                 q_draws = _flatten(post.sample(vsbc_draws, seed=vsbc_key), site_names, vsbc_draws)
                 cdf_values[i] = np.mean(q_draws <= flat_truth[None, :], axis=0)

@@ -210,12 +210,17 @@ def check_option_types(options) -> None:
                 raise OptionError(f"{where} must be {_type_name(kind)}, got {value!r}")
 
 
-def check_stored_draws(method: str, num_draws: int, num_params: int, itemsize: int) -> None:
-    """Refuse a result whose stored draws would not fit in memory, before anything runs."""
-    size = int(num_draws) * int(num_params) * int(itemsize)
+def check_stored_draws(method: str, num_draws: int, num_params: int, itemsize: int, num_deterministic: int = 0) -> None:
+    """Refuse a result whose stored draws would not fit in memory, before anything runs. A plain
+    program's ``numpyro.deterministic`` values are stored with every draw and count too."""
+    size = int(num_draws) * (int(num_params) + int(num_deterministic)) * int(itemsize)
     if size > MEMORY_BUDGET_BYTES:
+        extra = (
+            f" and {num_deterministic} values of numpyro.deterministic sites (record fewer or smaller ones)"
+            if num_deterministic else ""
+        )
         raise MemoryBudgetError(
-            f"{method}: storing {num_draws} draws × {num_params} parameters needs {size / 2**30:.1f} GiB "
+            f"{method}: storing {num_draws} draws × {num_params} parameters{extra} needs {size / 2**30:.1f} GiB "
             f"(limit {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); lower num_draws/num_samples or num_chains, or "
             "keep fewer draws (a density method samples more later with post.sample)"
         )

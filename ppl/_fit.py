@@ -25,6 +25,7 @@ def fit(
     seed,
     temperature: float = 1.0,
     tempering: str = "likelihood",
+    function_sites=None,
     checkpoint=None,
     checkpoint_every: int | None = None,
     resume=None,
@@ -42,6 +43,11 @@ def fit(
         seed: an int in [0, 2**32) or a JAX PRNG key. Same seed, same result, bit for bit on one machine.
         temperature, tempering: ``"likelihood"`` multiplies the log likelihood by 1/T (tempered
             posterior); ``"cold"`` multiplies the whole log joint by 1/T (p(θ|D)^(1/T)).
+        function_sites: for a plain NumPyro program, names of ``numpyro.deterministic`` sites that
+            hold its function (a hand-written network's outputs, e.g. ``("f",)``). The diagnostics
+            then judge convergence in function space, by ``rhat_function_max`` on their draws, as for
+            a declarative network with hidden layers; without them a program gets weight-space
+            R-hat only. Changes the diagnostics, never the draws.
         checkpoint, checkpoint_every: write the run's state to folder ``checkpoint`` every
             ``checkpoint_every`` steps (optimisation steps, or MCMC steps of all chains together),
             as a loadable partial run.
@@ -81,7 +87,7 @@ def fit(
         if not isinstance(checkpoint, _io.RunTarget):
             checkpoint = _io.RunTarget(checkpoint, {})
         _io.check_writable_run(checkpoint.path)
-    problem = compile_problem(model, data, temperature=temperature, tempering=tempering)
+    problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
     if problem.local_sites and not method_obj.supports_local:
         raise OptionError(
             f"method {method!r} cannot serve this model as a whole: it has {problem.num_data} × "
@@ -90,7 +96,10 @@ def fit(
             f"decoder fixed, fit svi first and then ppl.fit(post.local_model(X[:20]), method={method!r}, seed=0)"
         )
     # Every method's stored draws are checked here, before anything is compiled or allocated.
-    check_stored_draws(method, method_obj.stored_draws(), problem.num_params, problem.init_params.dtype.itemsize)
+    check_stored_draws(
+        method, method_obj.stored_draws(), problem.num_params, problem.init_params.dtype.itemsize,
+        num_deterministic=sum(site.size for site in problem.deterministic_sites),
+    )
     method_obj.check(problem)
     print_seed = seed_record(seed)
     fingerprint = _io.fingerprint(problem, method_obj, print_seed)

@@ -294,6 +294,33 @@ def provenance(problem) -> dict:
     return {"model": describe_model(problem.model), "data": {"rows": problem.num_data}, "versions": package_versions()}
 
 
+def not_importable(model) -> str | None:
+    """Why a plain program could not be imported again by its recorded name, or None if it can.
+
+    Answered from the modules already imported (nothing is imported here): the recorded
+    module and qualified name must lead back to this very function, and neither may be one that
+    another process would resolve to something else (``__main__``, a notebook cell, a function
+    defined inside another function, a lambda).
+    """
+    import sys
+
+    module, qualname = getattr(model, "__module__", None), getattr(model, "__qualname__", None)
+    if not isinstance(module, str) or not isinstance(qualname, str):
+        return f"a {type(model).__name__} has no module-level name"
+    if module == "__main__":
+        return "it is defined in __main__ (a script run directly, or a notebook), which another process does not have"
+    if "<lambda>" in qualname:
+        return "it is a lambda"
+    if "<locals>" in qualname:
+        return "it is defined inside a function"
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None)
+    if obj is not model:
+        return f"{module}.{qualname} does not lead back to it (it was redefined, wrapped or renamed)"
+    return None
+
+
 def model_record(model) -> dict:
     if hasattr(model, "to_config"):
         return {"kind": "declarative", **model.to_config()}
@@ -417,6 +444,8 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         "approximation": None if family is None else family.kind,
         "provenance": _jsonable(posterior.provenance),
         "sites": [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites],
+        "deterministic": [[s.name, list(s.shape)] for s in problem.deterministic_sites],
+        "function_sites": list(problem.function_sites),
         "num_chains": posterior.num_chains,
         "num_draws": posterior.num_draws,
     })
@@ -605,6 +634,7 @@ class _Vanished(RunError):
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 _DOTTED = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_<>][A-Za-z0-9_<>]*){0,20}")
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
+_SITE_NAME = re.compile(r"[A-Za-z_][\w.-]{0,99}")  # what a draws/<name> member of arrays.npz can hold
 # The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
 _ARRAY_NAME = re.compile(
     r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_][a-z0-9_]{0,47}|"
@@ -792,6 +822,25 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
                 and all(isinstance(s, list) and all(isinstance(d, int) and d >= 0 for d in s) for s in site[1:])
             ):
                 raise schema.fail("sites", "[name, shape, unconstrained shape] triples", site)
+        latent = {site[0] for site in sites}
+        deterministic = schema.get(meta, "deterministic", list, "a list of deterministic sites")
+        for site in deterministic:
+            if not (
+                isinstance(site, list) and len(site) == 2 and isinstance(site[0], str) and _SITE_NAME.fullmatch(site[0])
+                and isinstance(site[1], list) and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in site[1])
+            ):
+                raise schema.fail("deterministic", "[name, shape] pairs", site)
+        names = [site[0] for site in deterministic]
+        if len(set(names)) != len(names) or latent & set(names):
+            raise schema.fail("deterministic", "pairs with names unique among all sites", names)
+        if meta["model"]["kind"] == "declarative" and deterministic:
+            raise schema.fail("deterministic", "empty for a declarative model", names)
+        function_sites = schema.get(meta, "function_sites", list, "a list of deterministic site names")
+        if not all(isinstance(name, str) for name in function_sites) or len(set(function_sites)) != len(function_sites) \
+                or not set(function_sites) <= set(names):
+            # Function sites decide which R-hat judges convergence: names that are not deterministic
+            # sites of the run would make a reloaded run diagnose differently.
+            raise schema.fail("function_sites", f"distinct names among the deterministic sites {names}", function_sites)
         for field in ("num_chains", "num_draws"):
             if schema.get(meta, field, int, "a positive count") < 1:
                 raise schema.fail(field, "a positive count", meta[field])
@@ -979,6 +1028,10 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             draws = {}
             for name, shape, _ in sites:
                 draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
+            for name, shape in meta["deterministic"]:  # a deterministic site may hold integers or flags
+                draws[name] = _check_array(
+                    folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape), kinds="biuf"
+                )
             return Posterior.detached(
                 method=meta["method"], kind=meta["kind"], draws=draws, records=_records(folder, meta, arrays),
                 info=_info(meta, arrays), options=meta["options"],
@@ -986,6 +1039,8 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
                 diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
                 sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
+                deterministic_sites=tuple(name for name, _ in meta["deterministic"]),
+                function_sites=tuple(meta["function_sites"]),
             ), resume, meta
         if not callable(model):
             raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
@@ -1000,6 +1055,20 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             f"{folder}: the program's latent sites {[s[0] for s in layout]} (shapes {[s[1] for s in layout]}) differ from "
             f"the saved run's {[s[0] for s in sites]} (shapes {[s[1] for s in sites]}); pass the program it was fitted with"
         )
+    deterministic = [[s.name, list(s.shape)] for s in problem.deterministic_sites]
+    if deterministic != meta["deterministic"]:
+        raise RunError(
+            f"{folder}: the program's deterministic sites {deterministic} differ from the saved run's "
+            f"{meta['deterministic']}; pass the program it was fitted with"
+        )
+    if meta["function_sites"]:
+        # Checked against the saved deterministic sites, which the program has just been shown to have.
+        import dataclasses
+
+        from ppl._problem import Problem
+
+        spec = dataclasses.replace(problem.spec, function_sites=tuple(meta["function_sites"]))
+        problem = Problem(spec, problem.data, problem.temperature)
     family = None
     if meta["approximation"] is not None:
         from ppl.inference._gaussian import from_arrays

@@ -191,7 +191,12 @@ class Posterior:
             ``"independent"`` (draws from a fitted density), ``"point"``, ``"members"`` (an
             ensemble's separate optima, one per chain slot) or ``"mixture"``; the diagnostics read it.
         num_chains, num_draws: layout of ``draws``.
-        draws: dict site -> array (chain, draw, *site_shape), constrained space.
+        draws: dict site -> array (chain, draw, *site_shape), constrained space: every latent site,
+            then every ``numpyro.deterministic`` site of a plain program (recomputed from the latent
+            draws by replaying the model on the training data).
+        deterministic_sites: names of the deterministic sites among ``draws`` (plain programs).
+        function_sites: the deterministic sites whose draws are the function space of the
+            diagnostics (``ppl.fit(..., function_sites=...)``); empty otherwise.
         status: how the run ended (:class:`RunStatus`: interrupted, failed, converged, ...).
         trace: the optimisation's loss curve (:class:`TrainingTrace`), None for samplers.
         chain_stats: per-transition statistics of Markov chains (:class:`ChainStats`), else None.
@@ -248,7 +253,11 @@ class Posterior:
         self.program = None  # a detached run's program name (see Posterior.detached)
         # (guide, encoder parameters) of a model with local latents (a VAE fitted by svi)
         self.local_guide = None
-        constrained = _over_draws(problem, self._flat(), "constrain")
+        self.deterministic_sites = tuple(site.name for site in problem.deterministic_sites)
+        self.function_sites = tuple(problem.function_sites)
+        # Deterministic sites are computed here, in the same replay of the model that constrains
+        # the latent draws (vectorised and jitted, in chunks of draws).
+        constrained = _over_draws(problem, self._flat(), "constrain_all")
         self.draws = {
             name: np.asarray(value).reshape(self.num_chains, self.num_draws, *value.shape[1:])
             for name, value in constrained.items()
@@ -257,7 +266,7 @@ class Posterior:
 
     @classmethod
     def detached(cls, *, method, kind, draws, records, info, options, seed, wall_time_s, diagnostics, program, folder,
-                 sampler, provenance):
+                 sampler, provenance, deterministic_sites=(), function_sites=()):
         """A loaded run of a plain NumPyro program whose program was not passed back.
 
         It holds the constrained draws, the saved diagnostics and the metadata. Everything that
@@ -268,6 +277,7 @@ class Posterior:
         self.method, self.problem, self.flat_draws, self.approximation = method, None, None, None
         self.kind = kind
         self.draws = {k: np.asarray(v) for k, v in draws.items()}
+        self.deterministic_sites, self.function_sites = tuple(deterministic_sites), tuple(function_sites)
         first = next(iter(self.draws.values()))
         self.num_chains, self.num_draws = int(first.shape[0]), int(first.shape[1])
         self.status, self.trace, self.chain_stats, self.evidence = (records[name] for name in RECORDS)
@@ -346,6 +356,12 @@ class Posterior:
         return self.flat_draws.reshape(-1, self.flat_draws.shape[-1])
 
     @property
+    def latent_draws(self) -> dict:
+        """``draws`` of the latent sites only (the deterministic sites left out): the weight space
+        that R-hat and ESS are computed in."""
+        return {k: v for k, v in self.draws.items() if k not in self.deterministic_sites}
+
+    @property
     def has_density(self) -> bool:
         return self.approximation is not None and self.approximation.has_density
 
@@ -361,13 +377,13 @@ class Posterior:
 
     def sample(self, n: int, *, seed) -> dict:
         """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
-        resampled from the stored draws for samplers."""
+        resampled from the stored draws for samplers. Deterministic sites come with them."""
         if self.problem is None and self._detached_sampler:
             _check_num_samples(n)
             total = self.num_chains * self.num_draws
             index = np.asarray(jax.random.choice(as_key(seed), total, (int(n),), replace=int(n) > total))
             return {k: v.reshape(total, *v.shape[2:])[index] for k, v in self.draws.items()}
-        constrained = _over_draws(self.problem, self._flat_sample(n, as_key(seed)), "constrain")
+        constrained = _over_draws(self.problem, self._flat_sample(n, as_key(seed)), "constrain_all")
         return {k: np.asarray(v) for k, v in constrained.items()}
 
     def log_prob(self, draws: dict) -> np.ndarray:
@@ -429,12 +445,10 @@ class Posterior:
         """Observed site values on the training data (dict name -> array), for the ArviZ export."""
         if self.problem.is_declarative:
             return {"y": np.asarray(self.problem.data[1])}
-        from numpyro import handlers
+        from ppl._problem import structure_trace
 
         args, kwargs = self.problem._call(self.problem.data)
-        from ppl._problem import trace_model
-
-        tr = trace_model(self.problem.model, 0, args, kwargs)
+        tr = structure_trace(self.problem.model, args, kwargs)
         return {name: np.asarray(tr[name]["value"]) for name in self.problem.spec.observed}
 
     def log_density_ratios(self) -> np.ndarray | None:
@@ -449,9 +463,14 @@ class Posterior:
         return self._cache["log_ratio"]
 
     def function_draws(self) -> np.ndarray | None:
-        """Network outputs on the fixed probe batch, (chain, draw, M[, C]); None for plain programs."""
+        """The draws in function space: a declarative network's outputs on the fixed probe batch,
+        (chain, draw, M[, C]); for a plain program, its ``function_sites`` flattened and joined,
+        (chain, draw, M); None for a plain program without function sites."""
         if not self.problem.is_declarative:
-            return None
+            if not self.function_sites:
+                return None
+            parts = [self.draws[name].reshape(self.num_chains, self.num_draws, -1) for name in self.function_sites]
+            return np.concatenate(parts, axis=-1)
         if "function" not in self._cache:
             f, _ = _outputs_many(self.problem, self._flat(), self.problem.probe_inputs())
             f = np.asarray(f)
@@ -596,11 +615,29 @@ class Posterior:
 
     def save(self, path) -> None:
         """Write the run to folder ``path`` as one unit (staged beside it, then renamed into place);
-        ``ppl.load`` reads it. An existing run there is replaced; any other folder is refused."""
+        ``ppl.load`` reads it. An existing run there is replaced; any other folder is refused.
+
+        Loading never imports a plain program, so ``ppl.load(path, model=fn)`` is how such a run
+        gets its program back. A program that could not even be found by its name later (defined in
+        ``__main__`` or a notebook, inside a function, or a lambda) is saved all the same, with a
+        ``UserWarning`` that says so.
+        """
         self._attached("save")
-        from ppl._io import save_posterior
+        from ppl._io import not_importable, save_posterior
 
         save_posterior(self, path)
+        if self.problem.spec.kind == "program":
+            reason = not_importable(self.problem.model)
+            if reason is not None:
+                import warnings
+
+                name = getattr(self.problem.model, "__name__", "fn")
+                warnings.warn(
+                    f"saved {path}, but its program {name!r} cannot be re-imported by name: {reason}. Loading the run "
+                    f"gives its draws and saved diagnostics; for anything that runs the program (prediction, "
+                    f"log densities, fresh draws, export) load it with ppl.load({str(path)!r}, model={name})",
+                    UserWarning, stacklevel=2,
+                )
 
 
 def _class_probs(likelihood: str, f) -> jax.Array:

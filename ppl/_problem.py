@@ -18,21 +18,21 @@ Minibatch scaling N/B and tempering are applied here and nowhere else.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
-from numpyro.distributions import ImproperUniform, biject_to, constraints
+from numpyro.distributions import Distribution, ImproperUniform, biject_to, constraints
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.distributions.util import sum_rightmost
 
 from ppl._data import validate_program_data, validate_supervised, validate_unsupervised
 from ppl._errors import DataError, OptionError
 
-__all__ = ["Problem", "ProblemSpec", "Site", "compile_problem", "TEMPERINGS", "trace_count"]
+__all__ = ["Problem", "ProblemSpec", "Site", "DeterministicSite", "compile_problem", "TEMPERINGS", "trace_count"]
 
 TEMPERINGS = ("likelihood", "cold")
 PROBE_SIZE = 64
@@ -60,6 +60,18 @@ class Site(NamedTuple):
         return int(math.prod(self.unconstrained_shape))
 
 
+class DeterministicSite(NamedTuple):
+    """A ``numpyro.deterministic`` site of a plain program: a function of the latent sites (and the
+    data), recomputed from every draw and reported beside them."""
+
+    name: str
+    shape: tuple
+
+    @property
+    def size(self) -> int:
+        return int(math.prod(self.shape))
+
+
 @dataclass(frozen=True)
 class ProblemSpec:
     """The static (hashable) half of a problem: what is compiled, not what is computed on."""
@@ -78,6 +90,12 @@ class ProblemSpec:
     # Local latent sites (inside the "data" plate, one row per datum; shapes are per datum). They
     # are not part of the flat vector u: a guide gives them per batch (unsupervised models only).
     local_sites: tuple = ()
+    # ``numpyro.deterministic`` sites of a plain program (DeterministicSite), in trace order.
+    deterministic: tuple = ()
+    # Names of deterministic sites whose draws are the program's function space (function-space
+    # R-hat); empty: weight-space diagnostics only. Left out of equality and hashing: it changes the
+    # diagnostics, never what is computed, so naming function sites does not recompile anything.
+    function_sites: tuple = field(default=(), compare=False)
 
     @property
     def num_params(self) -> int:
@@ -140,6 +158,14 @@ class Problem:
     @property
     def local_sites(self) -> tuple:
         return self.spec.local_sites
+
+    @property
+    def deterministic_sites(self) -> tuple:
+        return self.spec.deterministic
+
+    @property
+    def function_sites(self) -> tuple:
+        return self.spec.function_sites
 
     @property
     def num_local(self) -> int:
@@ -238,6 +264,12 @@ class Problem:
         """Constrained site values for a flat unconstrained vector."""
         tr, _ = self._trace(u, self.data)
         return {site.name: tr[site.name]["value"] for site in self.sites}
+
+    def constrain_all(self, u: jax.Array) -> dict:
+        """Constrained latent site values and the ``numpyro.deterministic`` values they imply, in
+        constrained space: the model replayed on the training data at ``u``."""
+        tr, _ = self._trace(u, self.data)
+        return {site.name: tr[site.name]["value"] for site in (*self.sites, *self.spec.deterministic)}
 
     def log_terms(self, u: jax.Array, batch=None) -> LogTerms:
         """Log prior, summed (unscaled) log likelihood of ``batch`` and log |Jacobian| at ``u``."""
@@ -408,7 +440,13 @@ class Problem:
 
     def init_position(self, key: jax.Array, strategy: str) -> jax.Array:
         """A flat unconstrained starting point: a ``prior`` draw, the ``median`` of prior draws,
-        ``uniform`` on (-2, 2), or ``zeros``."""
+        ``uniform`` on (-2, 2), or ``zeros``.
+
+        An improper flat prior (``dist.ImproperUniform``), or any distribution that cannot be
+        sampled, has no draws: under ``prior`` and ``median`` such a site starts uniform on (-2, 2)
+        in unconstrained space, as ``uniform`` starts every site (NumPyro's ``init_to_uniform``);
+        the model's other sites are drawn from their priors.
+        """
         if strategy == "zeros":
             return self.init_params
         if strategy == "uniform":
@@ -425,27 +463,59 @@ class Problem:
         raise OptionError(f"init={strategy!r} is not one of 'prior', 'median', 'uniform', 'zeros'")
 
 
-def _improper_uniform_value(site):
+def _cannot_sample(fn) -> bool:
+    """Whether a site's distribution has no ``sample``: an improper flat prior (``ImproperUniform``,
+    possibly expanded, masked or made an event), or a log-density-only distribution of the user's."""
+    while True:
+        if isinstance(fn, ImproperUniform) or type(fn).sample is Distribution.sample:
+            return True
+        if not hasattr(fn, "base_dist"):
+            return False
+        fn = fn.base_dist
+
+
+def _start_unsampleable(site):
     """A value for a latent site whose distribution cannot be sampled (an improper flat prior).
 
-    NumPyro's ``ImproperUniform`` has no ``sample``; the model still has to run to reveal its sites
-    and to give a starting point, so such a site gets a uniform(−2, 2) draw in unconstrained space,
-    as NumPyro's own ``init_to_uniform`` does. Every other site is left alone (None).
+    The model still has to run to give a starting point, so such a site gets a uniform(−2, 2) draw
+    in unconstrained space, as NumPyro's own ``init_to_uniform`` does. Every other site is left
+    alone (None): it is drawn from its prior.
     """
-    if site["type"] != "sample" or site["is_observed"]:
+    if site["type"] != "sample" or site["is_observed"] or site["fn"].support.is_discrete:
         return None
-    fn = site["fn"]
-    while hasattr(fn, "base_dist"):
-        fn = fn.base_dist
-    if isinstance(fn, ImproperUniform):
+    if _cannot_sample(site["fn"]):
         return init_to_uniform(site)
     return None
 
 
 def trace_model(model, key, args: tuple, kwargs: dict):
-    """The trace of one forward run of ``model`` (improper flat priors get a uniform start value)."""
+    """The trace of one forward run of ``model`` with its latent sites drawn from their priors
+    (a site that cannot be sampled, such as an improper flat prior, gets a uniform start value)."""
     seeded = handlers.seed(model, rng_seed=key)
-    return handlers.trace(handlers.substitute(seeded, substitute_fn=_improper_uniform_value)).get_trace(*args, **kwargs)
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=_start_unsampleable)).get_trace(*args, **kwargs)
+
+
+def _placeholder(site):
+    """A stand-in value for a continuous latent site: the constraining transform of zeros in
+    unconstrained space (0 on the real line, 1 for a positive site, an interval's midpoint, the
+    uniform simplex). Valid in the site's support and of its shape, and nothing is sampled."""
+    if site["type"] != "sample" or site["is_observed"]:
+        return None
+    fn = site["fn"]
+    if fn.support.is_discrete:
+        return None  # drawn, so that discovery can refuse it with its own message
+    transform = biject_to(fn.support)
+    shape = tuple(site["kwargs"].get("sample_shape") or ()) + tuple(fn.shape())
+    dtype = jnp.result_type(float)
+    return transform(jnp.zeros(transform.inverse_shape(shape), dtype=dtype))
+
+
+def structure_trace(model, args: tuple, kwargs: dict):
+    """One run of ``model`` that reveals its sites without sampling any latent one: each latent site
+    holds a placeholder in its support (see ``_placeholder``). Improper priors and distributions
+    without ``sample`` run like any other; the observed sites hold the data."""
+    seeded = handlers.seed(model, rng_seed=0)
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=_placeholder)).get_trace(*args, **kwargs)
 
 
 def _per_datum(log_prob, num: int) -> jax.Array:
@@ -464,10 +534,19 @@ def _site_log_prob(site) -> jax.Array:
     return log_prob
 
 
-def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "likelihood") -> Problem:
-    """Validate ``data`` for ``model`` (on the host, before any tracing) and build the Problem."""
+def compile_problem(
+    model, data, *, temperature: float = 1.0, tempering: str = "likelihood", function_sites=None
+) -> Problem:
+    """Validate ``data`` for ``model`` (on the host, before any tracing) and build the Problem.
+
+    ``function_sites`` (plain NumPyro programs only): names of ``numpyro.deterministic`` sites that
+    hold the program's function (a hand-written network's outputs). Their draws serve as the
+    function space of the diagnostics (``rhat_function_max``), as a declarative network's outputs
+    on its probe inputs do.
+    """
     from ppl.models import SupervisedModel
 
+    function_sites = _function_site_names(function_sites)
     if tempering not in TEMPERINGS:
         raise OptionError(f"tempering={tempering!r} is not one of {TEMPERINGS}")
     try:
@@ -502,24 +581,65 @@ def compile_problem(model, data, *, temperature: float = 1.0, tempering: str = "
             f"model must be a ppl.models model or a NumPyro model function, got {type(model).__name__}"
         )
 
+    if function_sites and kind != "program":
+        raise OptionError(
+            f"function_sites={function_sites!r} is for plain NumPyro programs; a {type(model).__name__} from "
+            "ppl.models has its own function space (its network's outputs on the first 64 training inputs) — "
+            "drop function_sites"
+        )
     spec = ProblemSpec(model, kind, tempering, (), num_data, static)
     problem = Problem(spec, arrays, jnp.asarray(float(temperature)))
-    sites, observed, no_pointwise, local_sites = _discover_sites(problem)
-    spec = ProblemSpec(model, kind, tempering, sites, num_data, static, observed, no_pointwise, local_sites)
+    sites, observed, no_pointwise, local_sites, deterministic = _discover_sites(problem)
+    known = {site.name for site in deterministic}
+    unknown = [name for name in function_sites if name not in known]
+    if unknown:
+        latent = {site.name for site in sites}
+        what = ", ".join(
+            f"{name!r} is a latent sample site" if name in latent else f"{name!r} is not a site of the program"
+            for name in unknown
+        )
+        raise OptionError(
+            f"function_sites must name numpyro.deterministic sites of the program: {what}. Its deterministic sites "
+            f"are {sorted(known) or 'none'} — record the network's outputs with numpyro.deterministic('f', ...) "
+            "and pass function_sites=('f',)"
+        )
+    spec = ProblemSpec(
+        model, kind, tempering, sites, num_data, static, observed, no_pointwise, local_sites, deterministic,
+        function_sites,
+    )
     return Problem(spec, arrays, jnp.asarray(float(temperature)))
+
+
+def _function_site_names(value) -> tuple:
+    """``function_sites`` as a tuple of names (one name may be given as a string)."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = (value,)
+    if not isinstance(value, (tuple, list)) or not all(isinstance(name, str) for name in value):
+        raise OptionError(
+            f"function_sites must be a tuple of numpyro.deterministic site names, e.g. ('f',); got {value!r}"
+        )
+    if len(set(value)) != len(value):
+        raise OptionError(f"function_sites names a site twice: {tuple(value)!r}")
+    return tuple(value)
 
 
 def _discover_sites(problem: Problem) -> tuple:
     args, kwargs = problem._call(problem.data)
     try:
-        tr = trace_model(problem.model, 0, args, kwargs)
+        tr = structure_trace(problem.model, args, kwargs)
     except Exception as error:  # a user's program failing on its own data: say where
         raise DataError(
             f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "
-            "matches the model's arguments"
+            "match the model's arguments and that the model runs on them (ppl ran it once with every latent site "
+            "at a value inside its support — 0 on the real line, 1 for a positive site — sampling nothing)"
         ) from error
-    sites, local_sites = [], []
+    sites, local_sites, deterministic = [], [], []
     for site in tr.values():
+        if site["type"] == "deterministic" and problem.spec.kind == "program":
+            deterministic.append(DeterministicSite(site["name"], tuple(jnp.shape(site["value"]))))
+            continue
         if site["type"] == "plate" and site["args"][1] is not None and site["args"][1] < site["args"][0]:
             raise OptionError(
                 f"plate {site['name']!r} subsamples {site['args'][1]} of {site['args'][0]} items; ppl draws and "
@@ -565,4 +685,4 @@ def _discover_sites(problem: Problem) -> tuple:
             "the model has local latents: log p(x_i) integrates them out, which PSIS-LOO over global draws "
             "cannot do — ppl.diagnostics.vae_report estimates log p(x) by importance sampling"
         )
-    return tuple(sites), tuple(s["name"] for s in observed), no_pointwise, tuple(local_sites)
+    return tuple(sites), tuple(s["name"] for s in observed), no_pointwise, tuple(local_sites), tuple(deterministic)

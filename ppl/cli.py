@@ -251,8 +251,15 @@ def _apply_resume(args) -> None:
     from ppl._io import read_run_files
 
     folder = Path(args.resume)
-    _, _, extras = read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
+    meta, _, extras = read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
     saved = extras.get(INVOCATION)
+    model = meta.get("fingerprint", {}).get("model") if isinstance(meta.get("fingerprint"), dict) else None
+    if saved is None and isinstance(model, dict) and model.get("kind") == "function":
+        raise RunError(
+            f"{folder}: a run of the plain NumPyro program {model.get('module')}.{model.get('qualname')}, which the "
+            "command line cannot run; resume it in Python: ppl.fit(<the program>, data, method=..., seed=..., "
+            f"resume={str(folder)!r})"
+        )
     if not _valid_invocation(saved):
         raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
     differences = []
@@ -602,7 +609,16 @@ def _show(args) -> int:
         *_what_ran(meta["method"], meta["options"], meta["seed"], provenance),
         f"  sites     {sites}",
     ]
-    if meta.get("resume"):
+    if meta["deterministic"]:
+        lines.append("  deterministic sites " + ", ".join(f"{name}{tuple(shape)}" for name, shape in meta["deterministic"]))
+    if meta["function_sites"]:
+        lines.append(f"  function sites (function-space R-hat) {', '.join(meta['function_sites'])}")
+    if meta.get("resume") and model["kind"] == "function":
+        lines.append(
+            f"resumable: progress {meta['resume']['progress']} — continue in Python with: "
+            f"ppl.fit(<the program>, data, method=..., seed=..., resume={str(path)!r})"
+        )
+    elif meta.get("resume"):
         lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
     summary = extras.get("summary.json")
     summary = summary if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) else {}
@@ -619,6 +635,13 @@ def _show(args) -> int:
         lines.extend(_plots(path))
     if record is not None:
         lines.append(record.verdict(_held_out(summary)))
+    elif model["kind"] == "function":
+        # Computing them would run the program, which ppl show never imports.
+        raise RunError(_safe(
+            f"{path}: no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'}), "
+            f"and computing them needs the program {model['module']}.{model['qualname']}, which ppl show never "
+            f"imports — in Python: ppl.load({str(path)!r}, model=<the program>).diagnostics()"
+        ))
     else:
         why = meta.get("diagnostics_error") or "a checkpoint, or an interrupted save"
         lines.append(f"verdict: not assessed — no diagnostics saved ({why}); ppl.load computes them")
