@@ -72,10 +72,11 @@ class SwagMoments:
 
 @dataclass(frozen=True)
 class MeanNegativeLogJoint:
-    """−log p(θ(u), D) / N: the per-datum objective SWAG's learning rates are stated for."""
+    """−log p(θ(u), D) / N: the per-datum objective SWAG's learning rates are stated for. A plain
+    NumPyro program does not say how many data it has: its whole objective is used (N = 1)."""
 
     def __call__(self, params, problem, key, batch, step=None):
-        return -problem.log_joint(params, batch) / problem.num_data
+        return -problem.log_joint(params, batch) / (problem.num_data or 1)
 
 
 @dataclass(frozen=True)

@@ -174,3 +174,20 @@ def test_multiswag_from_an_ensemble_and_its_refusals(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=3, init=ensemble)
     with pytest.raises(ppl.OptionError, match="num_members must be an integer ≥ 1"):
         ppl.fit(linear_model, linear_data.train, method="multiswag", seed=0, num_members=0)
+
+
+@pytest.mark.parametrize("method", ["swag", "multiswag"])
+def test_swag_runs_on_a_plain_numpyro_program(method):
+    # a program does not say how many data it has: the objective is not divided by N (it was None)
+    import numpyro
+    import numpyro.distributions as dist
+
+    def program(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 5.0))
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample("y", dist.Normal(mu, 1.0), obs=y)
+
+    post = ppl.fit(program, {"y": np.linspace(-1.0, 3.0, 20)}, method=method, seed=0, swag_steps=400,
+                   learning_rate=0.01)
+    assert np.all(np.isfinite(post.draws["mu"]))
+    assert abs(float(np.mean(post.draws["mu"])) - 1.0) < 0.2  # the posterior mean is 0.997, sd 0.22
