@@ -610,9 +610,9 @@ def _show(args) -> int:
         f"  sites     {sites}",
     ]
     if meta["deterministic"]:
-        lines.append("  deterministic sites " + ", ".join(f"{name}{tuple(shape)}" for name, shape in meta["deterministic"]))
+        lines.append("  deterministic sites: " + ", ".join(f"{name}{tuple(shape)}" for name, shape in meta["deterministic"]))
     if meta["function_sites"]:
-        lines.append(f"  function sites (function-space R-hat) {', '.join(meta['function_sites'])}")
+        lines.append(f"  function sites (function-space R-hat): {', '.join(meta['function_sites'])}")
     if meta.get("resume") and model["kind"] == "function":
         lines.append(
             f"resumable: progress {meta['resume']['progress']} — continue in Python with: "
@@ -636,7 +636,8 @@ def _show(args) -> int:
     if record is not None:
         lines.append(record.verdict(_held_out(summary)))
     elif model["kind"] == "function":
-        # Computing them would run the program, which ppl show never imports.
+        # Computing them would run the program, which ppl show never imports: say what is known, then why not more.
+        _print_lines(lines)
         raise RunError(_safe(
             f"{path}: no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'}), "
             f"and computing them needs the program {model['module']}.{model['qualname']}, which ppl show never "

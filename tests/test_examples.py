@@ -6,6 +6,7 @@ import importlib.util
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
@@ -17,6 +18,7 @@ def _load(name):
     return module
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_path):
     example = _load("logistic_2d")
     runs = example.main(["--out", str(tmp_path)])

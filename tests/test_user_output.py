@@ -84,6 +84,7 @@ def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path
 
 
 # -- runs never overwrite each other ---------------------------------------------------------------
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_runs_never_overwrite_each_other_and_get_the_usual_permissions(tmp_path):
     args = ("fit", "--model", "linear", "--data", "linear", "--method", "exact", "--no-progress")
     old = os.umask(0o022)
@@ -155,6 +156,7 @@ def test_progress_bar_is_public_and_checked(linear_model, linear_data):
 
 
 # -- prediction on new data ------------------------------------------------------------------------
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_predict_raw_csv_rows_as_training_prepared_them(tmp_path):
     rng = np.random.default_rng(0)
     n = 120
@@ -226,6 +228,7 @@ def test_the_export_has_a_posterior_predictive_and_ensembles_export_without_warn
     assert members.posterior["w"].shape == (1, 5, 3)  # the members as the draws of one chain
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_show_plots_writes_the_figures_that_apply(tmp_path):
     for method, extra in (("nuts", ["--set", "num_warmup=100", "--set", "num_samples=100"]), ("svi", ["--set", "steps=300"])):
         done = _ppl("fit", "--model", "bnn", "--data", "sinusoid", "--method", method, "--set", "hidden=8", *extra,
