@@ -51,10 +51,13 @@ def task(description: str, total: int, *more: tuple[str, int]):
     if not enabled() or all(t <= 0 for _, t in phases):
         yield
         return
+    from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    # Bars go to stderr: stdout holds the results, and stays clean when redirected to a file.
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False,
+        console=Console(stderr=True),
     ) as bar:
         previous = (_STATE["bar"], _STATE["tasks"])
         _STATE["bar"] = bar

@@ -292,7 +292,8 @@ def _fit(args) -> int:
     model = _build_model(args, data, model_opts)
     out = _out_folder(args, data)
     _check_out(out)
-    _progress.enable(not args.no_progress)
+    # bars (on stderr) when stderr is a terminal, never with --no-progress
+    _progress.enable(False if args.no_progress else None)
     invocation = _invocation(args)
     # From here to the save, a first Ctrl-C only asks the running loop to stop: the result reached
     # is still diagnosed and saved. A second one skips to saving what there is.
