@@ -119,15 +119,16 @@ def _sample_outputs(key, mean, cov, n: int) -> np.ndarray:
     return mean[None] + np.einsum("ncd,snd->snc", root, eps.astype(mean.dtype))
 
 
-def _probit_probs(likelihood: str, mean, cov) -> np.ndarray:
-    """MacKay's probit approximation; for C classes each logit is scaled by its own variance."""
+def _probit_log_probs(likelihood: str, mean, cov) -> np.ndarray:
+    """Log class probabilities of MacKay's probit approximation; for C classes each logit is scaled
+    by its own variance."""
     variance = np.diagonal(cov, axis1=-2, axis2=-1)
     scaled = mean / np.sqrt(1.0 + math.pi * variance / 8.0)
-    return np.asarray(_class_probs(likelihood, scaled[..., 0] if likelihood == "bernoulli" else scaled))
+    return np.asarray(_class_log_probs(likelihood, scaled[..., 0] if likelihood == "bernoulli" else scaled))
 
 
-def _bridge_probs(likelihood: str, mean, cov) -> np.ndarray:
-    """The Laplace bridge (Hobbhahn, Kristiadi & Hennig 2022): the Dirichlet whose Laplace
+def _bridge_log_probs(likelihood: str, mean, cov) -> np.ndarray:
+    """Log class probabilities of the Laplace bridge (Hobbhahn, Kristiadi & Hennig 2022): the Dirichlet whose Laplace
     approximation in the softmax basis matches the Gaussian over logits, and its mean.
 
     Softmax ignores a shift common to all logits, so the Gaussian is first conditioned on Σ_c f_c = 0
@@ -142,9 +143,7 @@ def _bridge_probs(likelihood: str, mean, cov) -> np.ndarray:
     lse = np.logaddexp.reduce(-mean, axis=-1, keepdims=True)
     constant = np.log(1.0 - 2.0 / C) if C > 2 else -np.inf
     log_alpha = np.logaddexp(constant, mean + lse - 2.0 * np.log(C)) - np.log(variance)
-    log_alpha -= np.max(log_alpha, axis=-1, keepdims=True)
-    alpha = np.exp(log_alpha)
-    return alpha / alpha.sum(axis=-1, keepdims=True)
+    return log_alpha - np.logaddexp.reduce(log_alpha, axis=-1, keepdims=True)
 
 
 def _check_num_samples(n) -> None:
@@ -546,14 +545,19 @@ class Posterior:
             )
             if task == "regression":
                 return _regression(np.asarray(f), np.asarray(noise))
-            return _classification(np.asarray(_class_probs(self.problem.likelihood, f)))
+            return _classification(np.asarray(_class_log_probs(self.problem.likelihood, f)))
         components = _gaussian_components(self.approximation)
         moments = [(w, *_linearized_outputs(self.problem, q, X)) for w, q in components]
         if mode in ("probit", "bridge"):
-            rule = _probit_probs if mode == "probit" else _bridge_probs
-            probs = sum(w * rule(self.problem.likelihood, m, c) for w, m, c in moments)
+            rule = _probit_log_probs if mode == "probit" else _bridge_log_probs
+            # log Σ_m w_m p_m, in log space (a mixture of Laplace components weighs each one's rule)
+            log_probs = np.logaddexp.reduce(
+                np.stack([math.log(w) + rule(self.problem.likelihood, m, c).astype(np.float64) for w, m, c in moments]),
+                axis=0,
+            )
+            probs = np.exp(log_probs)
             # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
-            return Prediction(task="classification", probs=probs, entropy=_entropy(probs.astype(np.float64)))
+            return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=_entropy(probs))
         # linearized: draws of the outputs from each component's Gaussian over outputs
         pick_key, *keys = jax.random.split(jax.random.fold_in(key, 1), len(moments) + 1)
         pick = np.asarray(jax.random.categorical(pick_key, jnp.log(jnp.asarray([w for w, _, _ in moments])), shape=(draws,)))
@@ -564,7 +568,7 @@ class Posterior:
                 f[chosen] = _sample_outputs(k, mean, cov, chosen.size)
         if task == "classification":
             logits = f[..., 0] if self.problem.likelihood == "bernoulli" else f
-            return _classification(np.asarray(_class_probs(self.problem.likelihood, logits)))
+            return _classification(np.asarray(_class_log_probs(self.problem.likelihood, logits)))
         # The mean outputs: all K of a multi-output model, else the first (the second of a
         # heteroscedastic model is log σ²).
         means = (lambda a: a) if self.problem.model.multi_output else (lambda a: a[..., 0])
@@ -640,11 +644,12 @@ class Posterior:
                 )
 
 
-def _class_probs(likelihood: str, f) -> jax.Array:
+def _class_log_probs(likelihood: str, f) -> jax.Array:
+    """Log class probabilities from logits, in log space: in float32, 1 − sigmoid(17) is 0 and its
+    log −inf, while log_sigmoid(−17) is −17."""
     if likelihood == "bernoulli":
-        p1 = jax.nn.sigmoid(f)
-        return jnp.stack([1.0 - p1, p1], axis=-1)
-    return jax.nn.softmax(f, axis=-1)
+        return jnp.stack([jax.nn.log_sigmoid(-f), jax.nn.log_sigmoid(f)], axis=-1)
+    return jax.nn.log_softmax(f, axis=-1)
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
@@ -652,15 +657,21 @@ def _entropy(p: np.ndarray) -> np.ndarray:
     return -np.sum(p * np.log(safe), axis=-1)
 
 
-def _classification(member_probs: np.ndarray) -> Prediction:
-    member_probs = member_probs.astype(np.float64)
-    probs = member_probs.mean(axis=0)
+def _classification(member_log_probs: np.ndarray) -> Prediction:
+    """Summaries of S draws of log class probabilities (S, N, C); the predictive mean's log is the
+    log-mean-exp over the draws, so a confident wrong draw costs its logit, not a clipped log 0."""
+    member_log_probs = member_log_probs.astype(np.float64)
+    log_probs = np.logaddexp.reduce(member_log_probs, axis=0) - math.log(member_log_probs.shape[0])
+    member_probs = np.exp(member_log_probs)
+    probs = np.exp(log_probs)
     entropy = _entropy(probs)
     aleatoric = _entropy(member_probs).mean(axis=0)
     return Prediction(
         task="classification",
         probs=probs,
+        log_probs=log_probs,
         member_probs=member_probs,
+        member_log_probs=member_log_probs,
         entropy=entropy,
         aleatoric=aleatoric,
         epistemic=np.maximum(entropy - aleatoric, 0.0),

@@ -30,10 +30,13 @@ THRESHOLDS = {
 class Prediction:
     """Posterior-predictive summary at a batch of inputs.
 
-    Classification: ``probs`` (N, C) posterior-predictive mean (Bernoulli: columns P(y=0), P(y=1)),
-    ``member_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
+    Classification: ``probs`` (N, C) posterior-predictive mean (Bernoulli: columns P(y=0), P(y=1))
+    and ``log_probs``, its logarithm computed in log space (log-sigmoid or log-softmax per draw, then
+    log-mean-exp over draws; ``log(probs)`` would be −inf where a probability underflows),
+    ``member_probs`` and ``member_log_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
     and ``epistemic`` (mutual information), each (N,). The closed-form ``probit`` predictive has no
-    per-draw probabilities: there ``member_probs``, ``aleatoric`` and ``epistemic`` are None.
+    per-draw probabilities: there ``member_probs``, ``member_log_probs``, ``aleatoric`` and
+    ``epistemic`` are None.
     Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``;
     ``member_means`` (S, N) and ``member_noise``, the noise sd per draw (S,) or, for a
     heteroscedastic model, per draw and input (S, N). Multi-output regression (K targets per input)
@@ -44,7 +47,9 @@ class Prediction:
 
     task: str  # "classification" or "regression"
     probs: np.ndarray | None = None
+    log_probs: np.ndarray | None = None
     member_probs: np.ndarray | None = None
+    member_log_probs: np.ndarray | None = None
     entropy: np.ndarray | None = None
     aleatoric: np.ndarray | None = None
     epistemic: np.ndarray | None = None
@@ -100,7 +105,10 @@ class Prediction:
             labels = y.astype(int)
             if labels.shape[0] != self.probs.shape[0]:
                 raise ValueError(f"y has {labels.shape[0]} entries but the prediction covers {self.probs.shape[0]} inputs")
-            return np.log(np.clip(self.probs[np.arange(labels.shape[0]), labels], 1e-300, None))
+            if labels.min(initial=0) < 0 or labels.max(initial=0) >= self.probs.shape[1]:
+                raise ValueError(f"labels must lie in 0..{self.probs.shape[1] - 1}; got {labels.min()}..{labels.max()}")
+            log_probs = self.log_probs if self.log_probs is not None else np.log(self.probs)
+            return log_probs[np.arange(labels.shape[0]), labels]
         if y.shape != self.mean.shape:
             raise ValueError(f"y has shape {y.shape} but the prediction's mean has shape {self.mean.shape}")
         if self.gaussian:
