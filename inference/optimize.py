@@ -86,6 +86,43 @@ class NegativeLogDensity:
         return -problem.logdensity_fn(params, batch)
 
 
+def _stable_argsort(keys: jax.Array) -> jax.Array:
+    """``argsort(keys, stable=True)`` of 1-D uint32 ``keys`` (n ≤ 2**16) by two single-operand sorts.
+
+    Each sort packs a 16-bit-or-less key field above the element's position, so the packed values
+    are distinct and a plain sort orders them by (field, position): first by the key's low bits, then,
+    stably, by its high bits — the order (key, index) of a stable sort. XLA:CPU sorts a single
+    operand far faster than the two operands (keys, payload) of ``lax.sort_key_val`` (n = 455 on
+    one core: 23 µs for both sorts with their gathers against 42 µs).
+    """
+    n = keys.shape[0]
+    shift = max(1, (n - 1).bit_length())
+    mask = jnp.uint32((1 << shift) - 1)
+    iota = jnp.arange(n, dtype=jnp.uint32)
+    by_low = jax.lax.sort(((keys & mask) << shift) | iota) & mask
+    by_high = jax.lax.sort(((keys[by_low] >> shift) << shift) | iota) & mask
+    return by_low[by_high].astype(jnp.int32)
+
+
+def minibatch_indices(key, num_data: int, batch_size: int) -> jax.Array:
+    """``jax.random.choice(key, num_data, (batch_size,), replace=False)``: the same indices, computed faster.
+
+    That call shuffles ``arange(num_data)`` with ``jax.random.permutation`` — rounds of a stable sort
+    by fresh random 32-bit keys — and keeps the first ``batch_size``; the rounds are repeated here with
+    the same keys and :func:`_stable_argsort` in place of the two-operand sort, which took three
+    quarters of an Adam step on a small network (tests/test_ensemble.py checks the indices are the same).
+    """
+    if num_data > 2**16:
+        return jax.random.choice(key, num_data, (batch_size,), replace=False)
+    # jax.random.permutation's number of rounds (jax/_src/random: _shuffle)
+    rounds = int(np.ceil(3 * np.log(max(1, num_data)) / np.log(np.iinfo(np.uint32).max)))
+    order = jnp.arange(num_data, dtype=jnp.int32)
+    for _ in range(rounds):
+        key, subkey = jax.random.split(key)
+        order = order[_stable_argsort(jax.random.bits(subkey, (num_data,), jnp.uint32))]
+    return order[:batch_size]
+
+
 @partial(jax.jit, static_argnames=("config", "members", "collector"))
 def _init_state(config, params, learning_rate, members: bool = False, collector=None):
     """(optimiser state, collector state): the state :func:`_chunk` carries beside the parameters."""
@@ -113,9 +150,7 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
         step_key = jax.random.fold_in(key, step)
         batch = None
         if config.batch_size is not None:
-            index = jax.random.choice(
-                jax.random.fold_in(step_key, 1), problem.num_data, (config.batch_size,), replace=False
-            )
+            index = minibatch_indices(jax.random.fold_in(step_key, 1), problem.num_data, config.batch_size)
             batch = problem.batch(index)
 
         def loss_fn(p):
