@@ -8,6 +8,7 @@ with the last finite parameters kept) and advances the progress bar. Per-step ke
 
 from __future__ import annotations
 
+import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
@@ -185,9 +188,9 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
 _run_chunk = partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector"))(_chunk)
 
 
-@partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector"))
+@partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector", "devices"))
 def _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, keys, start, num_active,
-                       learning_rate):
+                       learning_rate, devices=None):
     """:func:`_chunk` for M members in one compiled program, over a leading axis of (params,
     optimiser state, key).
 
@@ -195,13 +198,53 @@ def _run_members_chunk(objective, config, capacity, collector, problem, params, 
     members run one after the other inside the program (``lax.map``) instead: its line search is
     a data-dependent loop, and vmapped it would run every member until the slowest one finished,
     at every step, with both sides of each branch evaluated (measured 2.8× slower than
-    sequential fits; one after the other, 0.95×)."""
-    def one(p, s, k):
-        return _chunk(objective, config, capacity, collector, problem, p, s, k, start, num_active, learning_rate)
+    sequential fits; one after the other, 0.95×).
 
-    if config.optimizer == "lbfgs":
-        return jax.lax.map(lambda args: one(*args), (params, opt_state, keys))
-    return jax.vmap(one)(params, opt_state, keys)
+    With ``devices`` (more than one), the members are split evenly over them by ``shard_map``, each
+    device running its share as above; the member axis is padded with copies of the last member,
+    whose results are dropped. XLA:CPU runs one program's operations on one core, so this is how
+    an ensemble uses several cores (``jax_num_cpu_devices``) or several accelerators. A member's
+    steps are the same arithmetic on any device (identical results in float64; in float32 an
+    L-BFGS step can round its last bit differently, which later steps amplify)."""
+    def members(params, opt_state, keys, problem, start, num_active, learning_rate):
+        def one(p, s, k):
+            return _chunk(objective, config, capacity, collector, problem, p, s, k, start, num_active, learning_rate)
+
+        if config.optimizer == "lbfgs":
+            return jax.lax.map(lambda args: one(*args), (params, opt_state, keys))
+        return jax.vmap(one)(params, opt_state, keys)
+
+    if devices is None or len(devices) == 1:
+        return members(params, opt_state, keys, problem, start, num_active, learning_rate)
+    count = keys.shape[0]
+    pad = -count % len(devices)
+    padded = jax.tree_util.tree_map(
+        lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x, (params, opt_state, keys)
+    )
+    split, whole = P("members"), P()
+    out = _shard_map(
+        members, mesh=Mesh(np.asarray(devices), ("members",)), in_specs=(split, split, split, whole, whole, whole, whole),
+        out_specs=split,
+    )(*padded, problem, start, num_active, learning_rate)
+    return jax.tree_util.tree_map(lambda x: x[:count], out)
+
+
+def _shard_map(fun, **options):
+    """``shard_map`` without its replication check (the chunk's cond and scan mix per-member values
+    with replicated ones), under the name and option each supported JAX version gives it."""
+    shard_map = getattr(jax, "shard_map", None)
+    if shard_map is None:
+        from jax.experimental.shard_map import shard_map
+    check = "check_vma" if "check_vma" in inspect.signature(shard_map).parameters else "check_rep"
+    return shard_map(fun, **options, **{check: False})
+
+
+def _member_devices(members: int) -> tuple:
+    """The devices an ensemble's members are spread over: the default backend's, as few as give
+    each the fewest members (5 members on 4 devices: 3 devices of 2, not 4 with 3 padded)."""
+    devices = jax.devices()
+    per_device = -(-members // len(devices))
+    return tuple(devices[: -(-members // per_device)])
 
 
 @partial(jax.jit, static_argnames=("objective",))
@@ -324,6 +367,16 @@ def minimize(
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
     opt_state = _init_state(config, params, learning_rate, members=members is not None, collector=collector)
     run_chunk = _run_chunk if members is None else _run_members_chunk
+    devices = None if members is None else _member_devices(int(members))
+    if devices is not None and len(devices) > 1:
+        # Chunks run on all the devices; everything between them stays on the first one.
+        on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
+
+        def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count, rate):
+            params, opt_state, key = jax.device_put((params, opt_state, key), on_all)
+            out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start,
+                                     count, rate, devices=devices)
+            return jax.device_put(out, on_first)
     lead = () if members is None else (int(members),)
     history: list = []
     step = 0

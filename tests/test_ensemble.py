@@ -97,3 +97,33 @@ def test_minibatch_indices_are_those_of_jax_random_choice():
         for tied in (rng.integers(0, 3, n).astype(np.uint32) << 30, few_values):
             order = np.asarray(_stable_argsort(jax.numpy.asarray(tied)))
             np.testing.assert_array_equal(order, np.argsort(tied, kind="stable"))
+
+
+def test_members_spread_over_several_devices_give_the_same_results(cancer):
+    # With more than one device (here two CPU devices, set before JAX starts, so in a subprocess)
+    # the members are split over them by shard_map; each member's arithmetic is unchanged.
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, jax
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_enable_x64", True)
+import numpy as np, ppl
+from ppl.models import BNN
+data = ppl.datasets.load("breast_cancer", seed=0)
+out = {}
+for name, opts in (("adam", dict(optimizer="adam", batch_size=64, steps=100)), ("lbfgs", dict(steps=30))):
+    post = ppl.fit(BNN(hidden=(8,), likelihood="bernoulli"), data.train, method="ensemble", seed=0, num_members=3, **opts)
+    out[name] = np.asarray(post.flat_draws).tolist()
+print("RESULT" + json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, run.stderr[-2000:]
+    spread = json.loads(lines[0][len("RESULT"):])
+    model = BNN(hidden=(8,), likelihood="bernoulli")
+    for name, opts in (("adam", dict(optimizer="adam", batch_size=64, steps=100)), ("lbfgs", dict(steps=30))):
+        here = ppl.fit(model, cancer.train, method="ensemble", seed=0, num_members=3, **opts)
+        np.testing.assert_allclose(np.asarray(spread[name]), np.asarray(here.flat_draws), atol=1e-12)
