@@ -1,6 +1,6 @@
 """``ensemble`` (M members as one vmapped program) against M sequential ``map`` fits, same process.
 
-    python -m bench.ensemble_vs_sequential [--members 5] [--repeats 3] [--out results.json]
+    python -m bench.ensemble_vs_sequential [--members 5] [--repeats 3] [--cpu-devices N] [--out results.json]
 
 A BNN (30 → 50 ReLU → 1 Bernoulli) on ``breast_cancer``, float32 (JAX's default), with two
 optimisers: Adam on minibatches of 64 for 2000 steps, and full-batch L-BFGS (``map``'s default)
@@ -8,6 +8,10 @@ for 2000 steps. Each configuration is compiled once first (a short run of each, 
 reported as "first call"), then timed as the median of ``--repeats`` warm runs: one
 ``ensemble`` fit of M members against M ``map`` fits with the same options. The ratio is
 ensemble / sequential (below 1: the one program is faster).
+
+XLA:CPU runs a program's operations on one core. ``--cpu-devices N`` exposes the CPU as N JAX
+devices (``jax_num_cpu_devices``, before JAX starts): the ensemble then splits its members over
+them, so it can use N cores, while each ``map`` fit still runs on one.
 """
 
 from __future__ import annotations
@@ -33,12 +37,16 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--cpu-devices", type=int, help="expose the CPU as this many JAX devices (default: JAX's own)")
     parser.add_argument("--out")
     args = parser.parse_args(argv)
+    if args.cpu_devices is not None:
+        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
     data = ppl.datasets.load("breast_cancer", seed=0)
     model = BNN(hidden=(50,), likelihood="bernoulli")
     M = args.members
-    results = {"jax": jax.__version__, "device": str(jax.devices()[0]), "members": M, "configs": {}}
+    results = {"jax": jax.__version__, "device": str(jax.devices()[0]), "devices": len(jax.devices()), "members": M,
+               "configs": {}}
     for label, opts in (
         ("adam, minibatch 64", dict(optimizer="adam", batch_size=64, steps=2000)),
         ("lbfgs, full batch", dict(optimizer="lbfgs", steps=2000)),

@@ -2,9 +2,11 @@
 
 The members are trained together by :func:`ppl.inference.optimize.minimize` with its members
 axis: one compiled program (vmapped for gradient steps, so the members' matrix products run as
-one batched product; one member after the other for L-BFGS). Member m draws its initial point and its minibatches from its own key,
-``fold_in(seed, m)`` for m ≥ 1 and the seed itself for member 0, so member 0 is the ``map`` run
-with the same seed and options, and member m does not depend on how many members there are.
+one batched product; one member after the other for L-BFGS), split over the devices when JAX has
+several (accelerators, or CPU cores exposed with ``jax_num_cpu_devices``). Member m draws its
+initial point and its minibatches from its own key, ``fold_in(seed, m)`` for m ≥ 1 and the seed
+itself for member 0, so member 0 is the ``map`` run with the same seed and options, and member m
+does not depend on how many members there are.
 
 The result's kind is ``"members"``: the members sit on the chain axis (M chains of one draw), and
 the diagnostics report their disagreement as the spread between modes, never as chains that

@@ -70,3 +70,60 @@ def test_a_diverging_member_is_named(cancer):
 def test_bad_options_are_refused():
     with pytest.raises(ppl.OptionError, match="num_members must be an integer ≥ 1"):
         ppl.fit(BNN(), (np.zeros((4, 1)), np.zeros(4)), method="ensemble", seed=0, num_members=0)
+
+
+def test_minibatch_indices_are_those_of_jax_random_choice():
+    # The optimisation loop draws minibatches without jax.random.choice's two-operand sort; the
+    # indices must be the very ones it returns (one round of shuffling up to 1625 rows, two above).
+    import jax
+
+    from ppl.inference.optimize import _stable_argsort, minibatch_indices
+
+    for num_data, batch_size in ((1, 1), (7, 7), (455, 64), (512, 100), (1625, 32), (1626, 32), (5000, 256)):
+        draw = jax.jit(lambda k, n=num_data, b=batch_size: minibatch_indices(k, n, b))
+        for seed in range(10):
+            key = jax.random.fold_in(jax.random.PRNGKey(seed), num_data)
+            expected = np.asarray(jax.random.choice(key, num_data, (batch_size,), replace=False))
+            np.testing.assert_array_equal(np.asarray(draw(key)), expected)
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    batched = jax.vmap(lambda k: minibatch_indices(k, 455, 64))(keys)
+    np.testing.assert_array_equal(
+        np.asarray(batched), np.stack([np.asarray(jax.random.choice(k, 455, (64,), replace=False)) for k in keys])
+    )
+    # ties among the random keys keep index order, as in a stable sort
+    rng = np.random.default_rng(0)
+    for n in (2, 455, 3000):
+        few_values = rng.integers(0, 5, n).astype(np.uint32) * 0x01010101
+        for tied in (rng.integers(0, 3, n).astype(np.uint32) << 30, few_values):
+            order = np.asarray(_stable_argsort(jax.numpy.asarray(tied)))
+            np.testing.assert_array_equal(order, np.argsort(tied, kind="stable"))
+
+
+def test_members_spread_over_several_devices_give_the_same_results(cancer):
+    # With more than one device (here two CPU devices, set before JAX starts, so in a subprocess)
+    # the members are split over them by shard_map; each member's arithmetic is unchanged.
+    import json
+    import subprocess
+    import sys
+
+    code = """
+import json, jax
+jax.config.update("jax_num_cpu_devices", 2)
+jax.config.update("jax_enable_x64", True)
+import numpy as np, ppl
+from ppl.models import BNN
+data = ppl.datasets.load("breast_cancer", seed=0)
+out = {}
+for name, opts in (("adam", dict(optimizer="adam", batch_size=64, steps=100)), ("lbfgs", dict(steps=30))):
+    post = ppl.fit(BNN(hidden=(8,), likelihood="bernoulli"), data.train, method="ensemble", seed=0, num_members=3, **opts)
+    out[name] = np.asarray(post.flat_draws).tolist()
+print("RESULT" + json.dumps(out))
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    lines = [line for line in run.stdout.splitlines() if line.startswith("RESULT")]
+    assert lines, run.stderr[-2000:]
+    spread = json.loads(lines[0][len("RESULT"):])
+    model = BNN(hidden=(8,), likelihood="bernoulli")
+    for name, opts in (("adam", dict(optimizer="adam", batch_size=64, steps=100)), ("lbfgs", dict(steps=30))):
+        here = ppl.fit(model, cancer.train, method="ensemble", seed=0, num_members=3, **opts)
+        np.testing.assert_allclose(np.asarray(spread[name]), np.asarray(here.flat_draws), atol=1e-12)
