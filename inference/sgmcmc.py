@@ -43,7 +43,7 @@ from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference.optimize import INITS
+from ppl.inference.optimize import INITS, minibatch_indices
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSGLD", "Whitening", "whitening", "curvature_scale"]
 
@@ -158,7 +158,7 @@ def _gradient_scatter(problem, white, batch, u, key):
 def _rows(problem, key, batch_size):
     if batch_size is None:
         return None
-    return jax.random.choice(key, problem.num_data, (batch_size,), replace=False)
+    return minibatch_indices(key, problem.num_data, batch_size)
 
 
 @dataclass(frozen=True)
