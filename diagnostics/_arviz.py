@@ -8,7 +8,7 @@ import warnings
 import arviz as az
 import numpy as np
 
-__all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains"]
+__all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains", "compare_elpd"]
 
 
 @contextlib.contextmanager
@@ -134,3 +134,39 @@ def plot_chains(draws: dict, path, *, kind: str):
     figure.savefig(path, dpi=100)
     plt.close(figure)
     return path
+
+
+def compare_elpd(pointwise: dict) -> list[dict]:
+    """Paired PSIS-LOO comparison of several methods by ``az.compare`` from ppl's own pointwise
+    elpd values (name -> (N,), the same N observations for every method): one dict per method,
+    best first, with ``elpd_loo``, ``se``, ``elpd_diff`` (from the best) and ``dse``, the standard
+    error of that paired difference, √N · sd(elpd_best,i − elpd_m,i), smaller than the two SEs
+    together because both methods score the same observations.
+
+    ppl computes the pointwise values itself (for draws from an approximation q they carry the
+    p/q correction, which ``az.loo`` would not apply), so ArviZ receives them as ``ELPDData``.
+    """
+    from arviz.stats.stats_utils import ELPDData
+    import xarray as xr
+
+    sizes = {name: np.shape(values) for name, values in pointwise.items()}
+    if len(set(sizes.values())) != 1:
+        raise ValueError(f"paired elpd differences need the same observations for every method; got shapes {sizes}")
+    records = {}
+    for name, values in pointwise.items():
+        values = np.asarray(values, dtype=float)
+        n = values.shape[0]
+        records[name] = ELPDData(
+            data=[float(values.sum()), float(np.sqrt(n * values.var())), np.nan, 0, n, False,
+                  xr.DataArray(values, dims=["observation"]), xr.DataArray(np.zeros(n), dims=["observation"]),
+                  "log", 0.7],
+            index=["elpd_loo", "se", "p_loo", "n_samples", "n_data_points", "warning", "loo_i", "pareto_k", "scale",
+                   "good_k"],
+        )
+    with _quiet():
+        table = az.compare(records, ic="loo", method="stacking", scale="log")
+    return [
+        {"method": str(name), "rank": int(row["rank"]), "elpd_loo": float(row["elpd_loo"]), "se": float(row["se"]),
+         "elpd_diff": float(row["elpd_diff"]), "dse": float(row["dse"]), "weight": float(row["weight"])}
+        for name, row in table.iterrows()
+    ]

@@ -32,7 +32,9 @@ def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarra
 
     For draws from an approximation q rather than the posterior, ``log_correction`` = log p − log q
     per draw turns the ratios into p(θ | D₋ᵢ)/q(θ) (Magnusson et al. 2019).
-    Returns (elpd_loo, its standard error, pointwise k-hat (N,)).
+    Returns (elpd_loo, its standard error, pointwise k-hat (N,), pointwise elpd (N,)); the standard
+    error is √N times the pointwise values' standard deviation, and paired differences between
+    methods come from the pointwise values.
     """
     ratios = -loglik.T  # (N, S): log 1/p(y_i | θ_s)
     if log_correction is not None:
@@ -44,4 +46,4 @@ def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarra
         pointwise = logsumexp(smoothed + loglik.T, axis=1)
         elpd = float(pointwise.sum())
         se = float(np.sqrt(loglik.shape[1] * pointwise.var()))
-    return elpd, se, k
+    return elpd, se, k, pointwise

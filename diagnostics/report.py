@@ -347,7 +347,7 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
     record, problem = found.record, posterior.problem
     total_draws = posterior.num_chains * posterior.num_draws
     loo_unavailable = problem.spec.no_pointwise_reason
-    fields = ("elpd_loo", "elpd_loo_se", "loo_khat_max", "loo_khat_bad")
+    fields = ("elpd_loo", "elpd_loo_se", "elpd_loo_pointwise", "loo_khat_max", "loo_khat_bad")
     if nonfinite:
         found.note(fields, "not assessed: the draws hold NaN or inf")
         return
@@ -363,17 +363,19 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
     loglik = posterior.pointwise_log_likelihood()
     flat = loglik.reshape(total_draws, -1)
     if posterior.kind == "chains":
-        elpd, se, k = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
+        elpd, se, k, pointwise = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
     else:
         usable = record.khat is not None and record.khat <= record.khat_threshold
-        elpd, se, k = psis_loo(flat, log_correction=log_ratios if usable else None)
+        elpd, se, k, pointwise = psis_loo(flat, log_correction=log_ratios if usable else None)
         if not usable and log_ratios is not None:
             record.notes["elpd_loo"] = (
                 "q is too far from the posterior (k-hat above its threshold) to correct by; LOO uses q's draws as is"
             )
     record.elpd_loo, record.elpd_loo_se = finite_or_none(elpd), finite_or_none(se)
     if record.elpd_loo is None:
-        record.notes["elpd_loo_se"] = "elpd_loo is not finite"
+        record.notes["elpd_loo_se"] = record.notes["elpd_loo_pointwise"] = "elpd_loo is not finite"
+    else:
+        record.elpd_loo_pointwise = np.asarray(pointwise, dtype=float)
     record.loo_khat_max = None if np.isnan(np.max(k)) else float(np.max(k))
     record.loo_khat_bad = int(np.sum(k > THRESHOLDS["loo_khat"]))
     if record.loo_khat_max == float("-inf"):

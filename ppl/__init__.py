@@ -14,7 +14,8 @@ from __future__ import annotations
 from ppl import datasets
 from ppl._checkpoint import Interrupted
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
-from ppl._evaluate import compare, evaluate
+from ppl._compare import Comparison, compare
+from ppl._evaluate import evaluate
 from ppl._fit import fit
 from ppl._io import load
 from ppl._kfold import KFold, kfold
@@ -28,6 +29,7 @@ __all__ = [
     "load",
     "evaluate",
     "compare",
+    "Comparison",
     "kfold",
     "KFold",
     "Posterior",

@@ -1,10 +1,10 @@
-"""``ppl.evaluate`` and ``ppl.compare``: test-set metrics for one or several posteriors."""
+"""``ppl.evaluate``: test-set metrics of a posterior."""
 
 from __future__ import annotations
 
 from ppl._data import validate_supervised
 
-__all__ = ["evaluate", "compare"]
+__all__ = ["evaluate"]
 
 
 def evaluate(posterior, data, *, seed, num_samples: int | None = None, mode: str = "mc") -> dict:
@@ -25,15 +25,3 @@ def evaluate(posterior, data, *, seed, num_samples: int | None = None, mode: str
     if prediction.task == "classification":
         return classification_metrics(prediction, y)
     return regression_metrics(prediction, y)
-
-
-def compare(posteriors: dict, data, *, seed) -> dict:
-    """``{name: {metric: value, "elpd_loo": ..., "wall_time_s": ...}}`` for several fitted posteriors."""
-    table = {}
-    for name, posterior in posteriors.items():
-        row = evaluate(posterior, data, seed=seed)
-        diagnostics = posterior.diagnostics()
-        row["elpd_loo"] = diagnostics.elpd_loo
-        row["wall_time_s"] = posterior.wall_time_s
-        table[name] = row
-    return table

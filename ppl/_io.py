@@ -739,7 +739,8 @@ _DIAGNOSTIC_TYPES = {
     "method": str, "num_chains": int, "num_draws": int, "rhat_max": _NUMBER, "rhat_function_max": _NUMBER,
     "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
-    "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER, "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
+    "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER,
+    "elpd_loo_pointwise": (list, type(None)), "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
     "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict, "checks": list,
 }
 _CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "threshold": (int, float, type(None)),
@@ -854,11 +855,16 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         unknown = sorted(set(diagnostics) - set(_DIAGNOSTIC_TYPES))
         if unknown:
             raise check.fail("(fields)", "Diagnostics fields only", unknown)
+        # runs saved before pointwise LOO values were kept have none
+        diagnostics.setdefault("elpd_loo_pointwise", None)
         for field, kinds in _DIAGNOSTIC_TYPES.items():
             value = diagnostics.get(field)
             allowed = kinds if isinstance(kinds, tuple) else (kinds,)
             if field not in diagnostics or not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
                 raise check.fail(field, f"of type {'/'.join(k.__name__ for k in allowed)}", value)
+        pointwise = diagnostics["elpd_loo_pointwise"]
+        if pointwise is not None and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in pointwise):
+            raise check.fail("elpd_loo_pointwise", "a list of numbers", pointwise[:5])
         if not all(isinstance(w, str) for w in diagnostics["warnings"]):
             raise check.fail("warnings", "a list of strings", diagnostics["warnings"])
         if not all(isinstance(v, str) for v in diagnostics["notes"].values()):
@@ -878,7 +884,9 @@ def _diagnostics_from(record: dict, folder: Path):
     """The Diagnostics record of a diagnostics.json that ``_read_meta`` checked field by field."""
     from ppl._results import Check, Diagnostics
 
-    return Diagnostics(**{**record, "checks": [Check(**item) for item in record["checks"]]})
+    pointwise = record["elpd_loo_pointwise"]
+    return Diagnostics(**{**record, "checks": [Check(**item) for item in record["checks"]],
+                          "elpd_loo_pointwise": None if pointwise is None else np.asarray(pointwise, dtype=float)})
 
 
 def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:

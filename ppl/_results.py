@@ -158,6 +158,8 @@ class Diagnostics:
     loo_khat_bad: int | None = None  # observations whose Pareto k exceeds 0.7 (elpd_loo unreliable for them)
     elpd_loo: float | None = None
     elpd_loo_se: float | None = None
+    # per observation (N,): what the SE and paired differences between methods are computed from
+    elpd_loo_pointwise: np.ndarray | None = field(default=None, repr=False)
     elbo: float | None = None
     iwae: float | None = None
     log_evidence: float | None = None
@@ -169,6 +171,8 @@ class Diagnostics:
 
     def to_dict(self) -> dict:
         record = {f.name: getattr(self, f.name) for f in fields(self)}
+        if self.elpd_loo_pointwise is not None:
+            record["elpd_loo_pointwise"] = [float(v) for v in self.elpd_loo_pointwise]
         record["checks"] = [c._asdict() for c in self.checks]
         return record
 
@@ -218,7 +222,7 @@ class Diagnostics:
         numbered = {note: i + 1 for i, note in enumerate(n for n, names in shared.items() if len(names) > 1)}
         rows = [f"Diagnostics — {self.method} ({self.num_chains} chain(s) × {self.num_draws} draws)"]
         for f in fields(self):
-            if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks"):
+            if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks", "elpd_loo_pointwise"):
                 continue
             value = getattr(self, f.name)
             if value is None:
