@@ -2,7 +2,19 @@
 
 from __future__ import annotations
 
-from ppl.diagnostics.metrics import classification_metrics, expected_calibration_error, regression_metrics
+from ppl.diagnostics.metrics import (
+    SelectiveCurve,
+    agreement,
+    auroc,
+    classification_metrics,
+    expected_calibration_error,
+    ood_auroc,
+    regression_metrics,
+    selective_prediction,
+    shift_metrics,
+    total_variation,
+    wasserstein1,
+)
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 from ppl.diagnostics.report import compute_diagnostics, to_inference_data
 from ppl.diagnostics.vae import VAEReport, vae_report
@@ -16,6 +28,14 @@ __all__ = [
     "classification_metrics",
     "regression_metrics",
     "expected_calibration_error",
+    "auroc",
+    "ood_auroc",
+    "selective_prediction",
+    "SelectiveCurve",
+    "agreement",
+    "total_variation",
+    "wasserstein1",
+    "shift_metrics",
     "vae_report",
     "VAEReport",
 ]

@@ -74,3 +74,155 @@ def test_float32_nll_through_a_fitted_posterior():
     prediction = post.predict(x, seed=0)
     assert prediction.probs.dtype == np.float64
     np.testing.assert_allclose(-prediction.log_prob(np.array([0])), [np.logaddexp(0.0, logit)], rtol=1e-4)
+
+
+# -- uncertainty quality: AUROC, selective prediction, agreement, TV, W1 ------------------------------
+
+import pytest  # noqa: E402
+
+from ppl.diagnostics import (  # noqa: E402
+    agreement,
+    auroc,
+    ood_auroc,
+    selective_prediction,
+    total_variation,
+    wasserstein1,
+)
+
+
+def _classes(probs, epistemic=None):
+    probs = np.asarray(probs, dtype=float)
+    entropy = -np.sum(probs * np.log(probs), axis=1)
+    return Prediction(task="classification", probs=probs, entropy=entropy, epistemic=epistemic)
+
+
+def _draws(member_means, noise):
+    """A regression prediction from draws of the mean (S, N) and noise sds (S,)."""
+    means = np.asarray(member_means, dtype=float)
+    noise = np.asarray(noise, dtype=float)
+    return Prediction(
+        task="regression", mean=means.mean(axis=0), variance=means.var(axis=0) + np.mean(noise**2),
+        epistemic_variance=means.var(axis=0), aleatoric_variance=np.full(means.shape[1], np.mean(noise**2)),
+        member_means=means, member_noise=noise,
+    )
+
+
+def test_auroc_by_hand_with_ties():
+    # Pairs (positive, negative): 0.4 beats 0.1 (1), ties 0.4 twice (½ + ½); 0.8 beats all three (3): 5 of 6.
+    assert auroc([0.1, 0.4, 0.4], [0.4, 0.8]) == pytest.approx(5 / 6, abs=1e-15)
+    assert auroc([1.0, 2.0], [3.0]) == 1.0
+    assert auroc([3.0], [1.0, 2.0]) == 0.0
+    assert auroc([2.0, 2.0], [2.0]) == 0.5
+
+
+def test_auroc_matches_the_pairwise_definition():
+    rng = np.random.default_rng(0)
+    negative, positive = rng.integers(0, 5, 40).astype(float), rng.integers(1, 6, 30).astype(float)
+    pairs = (positive[:, None] > negative[None]).mean() + 0.5 * (positive[:, None] == negative[None]).mean()
+    assert auroc(negative, positive) == pytest.approx(pairs, abs=1e-12)
+
+
+def test_auroc_refuses_empty_and_non_finite_scores():
+    with pytest.raises(ValueError, match="scores_positive is empty"):
+        auroc([0.1], [])
+    with pytest.raises(ValueError, match="scores_negative holds a non-finite score at index 1"):
+        auroc([0.1, np.nan], [0.2])
+
+
+def test_ood_auroc_classification_by_hand():
+    # in: entropy ranks below out except one tie; MI: 0.3 beats both in-scores, 0.1 beats one of two.
+    inside = Prediction(task="classification", probs=np.full((2, 2), 0.5), entropy=np.array([0.1, 0.5]),
+                        epistemic=np.array([0.0, 0.2]))
+    outside = Prediction(task="classification", probs=np.full((2, 2), 0.5), entropy=np.array([0.5, 0.9]),
+                         epistemic=np.array([0.3, 0.1]))
+    result = ood_auroc(inside, outside)
+    assert result == {"auroc_entropy": pytest.approx(3.5 / 4), "auroc_mi": pytest.approx(3 / 4)}
+    probit = Prediction(task="classification", probs=np.full((2, 2), 0.5), entropy=np.array([0.5, 0.9]))
+    assert ood_auroc(inside, probit)["auroc_mi"] is None
+
+
+def test_ood_auroc_regression_scores_by_variances():
+    # in: draws agree (epistemic 0), noise 1; out: draws spread ±1 (epistemic 1) at one input, agree at the other
+    inside = _draws([[0.0, 0.0], [0.0, 0.0]], [1.0, 1.0])
+    outside = _draws([[1.0, 0.0], [-1.0, 0.0]], [1.0, 1.0])
+    # total variances: in (1, 1), out (2, 1): 2 beats both (2), 1 ties both (½ + ½) → 3 of 4
+    assert ood_auroc(inside, outside) == {"auroc_variance": pytest.approx(0.75), "auroc_epistemic": pytest.approx(0.75)}
+    with pytest.raises(ValueError, match="in_prediction is a regression prediction but out_prediction is a classification"):
+        ood_auroc(inside, _classes([[0.5, 0.5]]))
+
+
+def test_selective_prediction_on_four_points():
+    probs = [[0.9, 0.1], [0.6, 0.4], [0.8, 0.2], [0.55, 0.45]]
+    labels = np.array([0, 1, 0, 0])  # input 1 is the only error
+    # by entropy, least uncertain first: inputs 0, 2, 1, 3 → correct, correct, wrong, correct
+    curve = selective_prediction(_classes(probs), labels)
+    np.testing.assert_array_equal(curve.coverage, [1.0, 0.75, 0.5, 0.25])
+    np.testing.assert_allclose(curve.accuracy, [3 / 4, 2 / 3, 1.0, 1.0], rtol=1e-15)
+    assert curve.area == pytest.approx((3 / 4 + 2 / 3 + 1 + 1) / 4, abs=1e-15)
+    # by MI the error ranks least uncertain: inputs 1, 0, 3, 2 → wrong first
+    by_mi = selective_prediction(_classes(probs, epistemic=np.array([0.2, 0.0, 0.3, 0.25])), labels, score="epistemic")
+    np.testing.assert_allclose(by_mi.accuracy, [3 / 4, 2 / 3, 1 / 2, 0.0], rtol=1e-15)
+
+
+def test_selective_prediction_breaks_ties_by_input_order():
+    # equal entropies: input 0 (wrong) stays, input 1 (right) is abstained on first
+    curve = selective_prediction(_classes([[0.7, 0.3], [0.7, 0.3]]), np.array([1, 0]))
+    np.testing.assert_array_equal(curve.accuracy, [0.5, 0.0])
+
+
+def test_selective_prediction_refusals():
+    with pytest.raises(ValueError, match="classification predictions; this one is a regression"):
+        selective_prediction(_draws([[0.0]], [1.0]), np.array([0.0]))
+    with pytest.raises(ValueError, match="score='epistemic' needs the mutual information"):
+        selective_prediction(_classes([[0.7, 0.3]]), np.array([0]), score="epistemic")
+    with pytest.raises(ValueError, match="labels have shape"):
+        selective_prediction(_classes([[0.7, 0.3]]), np.array([0, 1]))
+    with pytest.raises(ValueError, match="score must be one of"):
+        selective_prediction(_classes([[0.7, 0.3]]), np.array([0]), score="variance")
+
+
+def test_agreement_and_total_variation_on_two_by_two():
+    p = _classes([[0.7, 0.3], [0.4, 0.6]])
+    q = _classes([[0.6, 0.4], [0.6, 0.4]])
+    assert agreement(p, q) == 0.5  # argmax (0, 1) against (0, 0)
+    assert total_variation(p, q) == pytest.approx((0.1 + 0.2) / 2, abs=1e-15)  # ½(0.1+0.1), ½(0.2+0.2)
+    assert agreement(p, p) == 1.0 and total_variation(p, p) == 0.0
+
+
+def test_agreement_and_total_variation_refusals():
+    p = _classes([[0.7, 0.3], [0.4, 0.6]])
+    with pytest.raises(ValueError, match=r"probs has shape \(2, 2\) but the reference's has shape \(1, 2\)"):
+        total_variation(p, _classes([[0.5, 0.5]]))
+    with pytest.raises(ValueError, match="for regression use wasserstein1"):
+        agreement(_draws([[0.0]], [1.0]), _draws([[0.0]], [1.0]))
+
+
+def test_wasserstein1_point_masses_and_self():
+    # one draw, no noise: point masses at the means; W1 = |difference| per input, averaged
+    a, b = _draws([[0.0, 1.0]], [0.0]), _draws([[2.0, -1.0]], [0.0])
+    assert wasserstein1(a, b) == 2.0
+    assert wasserstein1(a, a) == 0.0
+    # an even mixture of point masses at ±1 against one at 0: every sample moves by 1
+    assert wasserstein1(_draws([[-1.0], [1.0]], [0.0, 0.0]), _draws([[0.0]], [0.0]), num_samples=10) == 1.0
+
+
+def test_wasserstein1_between_gaussians():
+    # equal sds: the quantile functions differ by the shift everywhere, W1 = |m1 − m2| (up to rounding)
+    assert wasserstein1(_draws([[0.0] * 4], [1.0]), _draws([[1.5] * 4], [1.0]), seed=3) == pytest.approx(1.5, abs=1e-12)
+    # N(0, 1) against N(0, 2²): W1 = E|2Z − Z| = E|Z| = √(2/π); Monte Carlo, 4 × 4096 samples (se ≈ 0.005)
+    value = wasserstein1(_draws([[0.0] * 4], [1.0]), _draws([[0.0] * 4], [2.0]), seed=0)
+    assert abs(value - np.sqrt(2 / np.pi)) < 0.02
+    assert value == wasserstein1(_draws([[0.0] * 4], [1.0]), _draws([[0.0] * 4], [2.0]), seed=0)  # seeded
+    # an exactly Gaussian prediction is sampled from N(mean, variance), not from its draws
+    exact = Prediction(task="regression", mean=np.array([1.5]), variance=np.array([1.0]), gaussian=True,
+                       epistemic_variance=np.zeros(1), aleatoric_variance=np.ones(1))
+    assert wasserstein1(exact, _draws([[0.0]], [1.0])) == pytest.approx(1.5, abs=1e-12)
+
+
+def test_wasserstein1_refusals():
+    with pytest.raises(ValueError, match=r"mean has shape \(2,\) but the reference's has shape \(1,\)"):
+        wasserstein1(_draws([[0.0, 1.0]], [1.0]), _draws([[0.0]], [1.0]))
+    with pytest.raises(ValueError, match="for classification use total_variation or agreement"):
+        wasserstein1(_classes([[0.5, 0.5]]), _classes([[0.5, 0.5]]))
+    with pytest.raises(ValueError, match="num_samples must be a positive integer"):
+        wasserstein1(_draws([[0.0]], [1.0]), _draws([[0.0]], [1.0]), num_samples=0)
