@@ -35,7 +35,7 @@ class Comparison:
             that failed or does not apply has ``error`` set and None elsewhere.
         posteriors: method -> fitted Posterior (only those that fitted).
         predictions, ood_predictions: method -> Prediction on the test and OOD inputs.
-        shifts: method -> [(intensity, metrics dict)] on shifted test sets, when the data has them.
+        shifts: method -> [{"shift": intensity, **metrics}] on the data's shifted test sets, if any.
         elpd: the paired PSIS-LOO comparison (``az.compare``), best first, or None.
         reference: the reference method's name, or None; notes: sentences the table ends with.
     """
@@ -68,7 +68,7 @@ class Comparison:
             "data": self.data_name, "model": self.model, "task": self.task, "seed": self.seed,
             "reference": self.reference, "rows": [dict(row) for row in self.rows], "elpd": self.elpd,
             "shift_name": self.shift_name,
-            "shifts": {name: [[float(i), metrics] for i, metrics in values] for name, values in self.shifts.items()},
+            "shifts": {name: [dict(entry) for entry in values] for name, values in self.shifts.items()},
             "notes": list(self.notes),
         }
 
@@ -124,15 +124,15 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         train, test = data.train, (data.test if test is None else test)
         ood = data.ood.X if ood is None and data.ood is not None else ood
         name, target_scale = data.name, (data.target_mean, data.target_std)
-        shift_sets, shift_name = getattr(data, "shifts", None), getattr(data, "shift_name", None)
+        shifted = data if getattr(data, "shifts", None) else None
     else:
-        train, name, target_scale, shift_sets, shift_name = data, "data", (0.0, 1.0), None, None
+        train, name, target_scale, shifted = data, "data", (0.0, 1.0), None
     if test is not None and not isinstance(test, Split):
         test = Split(*test)
     chosen = _chosen_methods(model, train, methods, reference, options)
     result = Comparison(task=_task(model), data_name=name, model=_model_name(model), seed=int(seed),
                         reference=reference, test=None if test is None else (np.asarray(test.X), np.asarray(test.y)),
-                        target_scale=target_scale, shift_name=shift_name)
+                        target_scale=target_scale, shift_name=getattr(shifted, "shift_name", None))
     if methods is None:
         skipped = [f"{m} ({why})" for m, why in chosen["skipped"].items()]
         if skipped:
@@ -152,7 +152,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             continue
         result.posteriors[method] = posterior
         log(f"  {method} done in {posterior.wall_time_s:.1f} s")
-    _score(result, test, ood, seed, target_scale, shift_sets)
+    _score(result, test, ood, seed, target_scale, shifted)
     return result
 
 
@@ -217,8 +217,9 @@ def _chosen_methods(model, train, methods, reference, options) -> dict:
     return {"run": run, "skipped": skipped}
 
 
-def _score(result: Comparison, test, ood, seed, target_scale, shift_sets) -> None:
-    """Fill the rows of the fitted posteriors (errors in one stage become that row's error)."""
+def _score(result: Comparison, test, ood, seed, target_scale, shifted) -> None:
+    """Fill the rows of the fitted posteriors (errors in one stage become that row's error);
+    ``shifted``: a Dataset with shifted test sets, or None."""
     from ppl.diagnostics import metrics as M
 
     fitted = [r["method"] for r in result.rows]  # failed fits already have their row
@@ -245,11 +246,8 @@ def _score(result: Comparison, test, ood, seed, target_scale, shift_sets) -> Non
                         row["total_variation"] = M.total_variation(prediction, reference_pred)
                     else:
                         row["wasserstein1"] = M.wasserstein1(prediction, reference_pred, seed=seed) * target_scale[1]
-            if shift_sets and result.task == "classification":
-                result.shifts[method] = [
-                    (float(intensity), M.classification_metrics(posterior.predict(split.X, seed=seed), np.asarray(split.y)))
-                    for intensity, split in shift_sets
-                ]
+            if shifted is not None:
+                result.shifts[method] = M.shift_metrics(posterior, shifted, seed=seed)
         except KeyboardInterrupt:
             raise
         except Exception as error:
@@ -374,7 +372,7 @@ def format_table(record: dict) -> str:
         ("div", lambda r: _number(r["divergences"], "d")),
         ("k-hat", lambda r: _number(r["khat"], ".2f")),
         ("elpd_loo ± SE", lambda r: "—" if r["elpd_loo"] is None else f"{r['elpd_loo']:.1f} ± {r['elpd_loo_se']:.1f}"),
-        ("Δelpd ± SE", lambda r: "—" if r["elpd_diff"] is None else f"{-r['elpd_diff']:.1f} ± {r['elpd_diff_se']:.1f}"),
+        ("Δelpd ± SE", lambda r: "—" if r["elpd_diff"] is None else f"{-r['elpd_diff'] + 0.0:.1f} ± {r['elpd_diff_se']:.1f}"),
         ("ok", lambda r: _number(r["ok"], "")),
     ]
     if task == "classification":
