@@ -310,10 +310,39 @@ def wasserstein1(prediction: Prediction, reference: Prediction, *, seed: int = 0
             )
     if isinstance(num_samples, bool) or not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"wasserstein1: num_samples must be a positive integer, got {num_samples!r}")
-    normals = np.random.default_rng(seed).standard_normal((int(num_samples), *a.shape))
-    first = np.sort(_predictive_samples(prediction, normals), axis=0)
-    second = np.sort(_predictive_samples(reference, normals), axis=0)
-    return float(np.mean(np.abs(first - second)))
+    rng = np.random.default_rng(seed)
+    # Inputs in chunks of at most _W1_CHUNK sampled values, so a large test set does not hold
+    # num_samples × N values (several times over) at once; the chunking depends only on the shapes.
+    per_input = int(num_samples) * int(np.prod(a.shape[1:], dtype=int))
+    step = max(1, _W1_CHUNK // per_input)
+    total = 0.0
+    for start in range(0, a.shape[0], step):
+        rows = slice(start, min(start + step, a.shape[0]))
+        normals = rng.standard_normal((int(num_samples), rows.stop - rows.start, *a.shape[1:]))
+        first = np.sort(_predictive_samples(_rows(prediction, rows), normals), axis=0)
+        second = np.sort(_predictive_samples(_rows(reference, rows), normals), axis=0)
+        total += float(np.sum(np.mean(np.abs(first - second), axis=0)))
+    return total / a.size
+
+
+_W1_CHUNK = 1 << 22
+
+
+def _rows(prediction: Prediction, rows: slice) -> Prediction:
+    """The regression fields :func:`_predictive_samples` reads, for the inputs ``rows`` only."""
+    import dataclasses
+
+    def cut(values, axis):
+        return None if values is None else np.asarray(values)[(slice(None),) * axis + (rows,)]
+
+    noise = prediction.member_noise
+    if noise is not None and prediction.member_means is not None:
+        noise = prediction.noise_per_draw()
+        noise = noise if noise.shape[1] == 1 else cut(noise, 1)  # per-input noise (heteroscedastic) is cut too
+    return dataclasses.replace(
+        prediction, mean=cut(prediction.mean, 0), variance=cut(prediction.variance, 0),
+        member_means=cut(prediction.member_means, 1), member_noise=noise,
+    )
 
 
 def shift_metrics(posterior, dataset, *, seed, **predict_options) -> list[dict]:

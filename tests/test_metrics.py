@@ -226,3 +226,17 @@ def test_wasserstein1_refusals():
         wasserstein1(_classes([[0.5, 0.5]]), _classes([[0.5, 0.5]]))
     with pytest.raises(ValueError, match="num_samples must be a positive integer"):
         wasserstein1(_draws([[0.0]], [1.0]), _draws([[0.0]], [1.0]), num_samples=0)
+
+
+def test_wasserstein1_in_chunks_with_noise_per_input(monkeypatch):
+    import ppl.diagnostics.metrics as metrics
+
+    # heteroscedastic: one noise sd per draw and input; equal sds per input, so W1 = |shift| exactly
+    a = Prediction(task="regression", mean=np.zeros(3), variance=np.array([1.0, 4.0, 9.0]),
+                   member_means=np.zeros((1, 3)), member_noise=np.array([[1.0, 2.0, 3.0]]))
+    b = Prediction(task="regression", mean=np.array([1.0, 2.0, 3.0]), variance=np.array([1.0, 4.0, 9.0]),
+                   member_means=np.array([[1.0, 2.0, 3.0]]), member_noise=np.array([[1.0, 2.0, 3.0]]))
+    whole = wasserstein1(a, b, num_samples=64)
+    monkeypatch.setattr(metrics, "_W1_CHUNK", 1)  # one input per chunk
+    assert wasserstein1(a, b, num_samples=64) == pytest.approx(2.0, abs=1e-12) == whole
+    assert wasserstein1(a, a, num_samples=64) == 0.0
