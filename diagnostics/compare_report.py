@@ -56,7 +56,9 @@ def write_report(comparison, folder) -> Path:
     sections.append(("Predictions and calibration", overview))
     runs = []
     for method, posterior in comparison.posteriors.items():
-        runs.extend(_run_figures(method, posterior, folder))
+        figures = _run_figures(method, posterior, folder)
+        if figures:
+            runs.extend([method, *figures])
     if runs:
         sections.append(("Convergence of each run", runs))
     page = folder / REPORT
@@ -86,6 +88,14 @@ def _save_checked(figure, path: Path) -> Path:
     return path
 
 
+def _colours(count: int) -> list:
+    """Distinct line colours: matplotlib's ten-colour cycle repeats beyond ten methods."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["tab10" if count <= 10 else "tab20"]
+    return [cmap(i) for i in range(count)]
+
+
 def _reliability(comparison, methods, path: Path):
     y = np.asarray(comparison.test[1]).astype(int)
     figure, rows, cols = _grid_of(len(methods))
@@ -99,10 +109,11 @@ def _reliability(comparison, methods, path: Path):
         accuracy = np.array([correct[bins == b].mean() if np.any(bins == b) else np.nan for b in range(RELIABILITY_BINS)])
         mean_conf = np.array([confidence[bins == b].mean() if np.any(bins == b) else np.nan for b in range(RELIABILITY_BINS)])
         filled = ~np.isnan(accuracy)
+        share = np.array([np.mean(bins == b) for b in range(RELIABILITY_BINS)])
         axes.bar(centres[filled], accuracy[filled], width=1.0 / RELIABILITY_BINS, color="tab:blue", alpha=0.75,
                  edgecolor="white", label="accuracy")
-        axes.bar(centres[filled], (mean_conf - accuracy)[filled], bottom=accuracy[filled], width=1.0 / RELIABILITY_BINS,
-                 color="tab:red", alpha=0.3, edgecolor="tab:red", label="gap to confidence")
+        axes.scatter(centres[filled], mean_conf[filled], color="tab:red", s=14, zorder=3, label="mean confidence")
+        axes.bar(centres, share, width=1.0 / RELIABILITY_BINS, color="grey", alpha=0.35, label="share of points")
         axes.plot([0, 1], [0, 1], color="black", lw=0.8, ls="--")
         row = comparison.row(method)
         axes.set_title(f"{method}  ECE {row['ece']:.3f}", fontsize=9)
@@ -115,9 +126,9 @@ def _reliability(comparison, methods, path: Path):
             axes.legend(fontsize=7, loc="upper left")
     figure.suptitle(f"Reliability on the test set ({RELIABILITY_BINS} confidence bins)", fontsize=10)
     return _save_checked(figure, path), (
-        "Reliability diagrams: the accuracy of the test predictions in each confidence bin (blue) and its gap to "
-        "the bin's mean confidence (red). Bars under the diagonal are overconfident; ECE is the gap averaged "
-        "over the points."
+        "Reliability diagrams: the accuracy of the test predictions in each confidence bin (blue bars), the bin's "
+        "mean confidence (red dots) and the share of the test points that fall in it (grey). A red dot above its "
+        "bar is overconfidence; ECE is that gap averaged over the points."
     )
 
 
@@ -128,9 +139,9 @@ def _selective(comparison, methods, path: Path):
     figure = _figure(9.0, 3.6)
     for k, score in enumerate(("entropy", "epistemic")):
         axes = figure.add_subplot(1, 2, k + 1)
-        for method in methods:
+        for method, colour in zip(methods, _colours(len(methods))):
             curve = selective_prediction(comparison.predictions[method], y, score=score)
-            axes.plot(curve.coverage, curve.accuracy, lw=1.2, label=f"{method} ({curve.area:.3f})")
+            axes.plot(curve.coverage, curve.accuracy, lw=1.2, color=colour, label=f"{method} ({curve.area:.3f})")
         axes.set_xlabel("coverage (fraction of test inputs kept)", fontsize=8)
         axes.set_ylabel("accuracy on the kept inputs", fontsize=8)
         axes.set_title("abstain by predictive entropy" if score == "entropy" else "abstain by mutual information",
@@ -223,9 +234,9 @@ def _shift(comparison, path: Path):
     name = comparison.shift_name or "shift intensity"
     for k, metric in enumerate(("accuracy", "ece") if comparison.task == "classification" else ("rmse", "nll")):
         axes = figure.add_subplot(1, 2, k + 1)
-        for method, entries in comparison.shifts.items():
+        for (method, entries), colour in zip(comparison.shifts.items(), _colours(len(comparison.shifts))):
             axes.plot([e["shift"] for e in entries], [e[metric] for e in entries], marker="o", ms=3, lw=1.2,
-                      label=method)
+                      color=colour, label=method)
         axes.set_xlabel(name, fontsize=8)
         axes.set_ylabel(metric.upper() if metric in ("ece", "rmse", "nll") else metric, fontsize=8)
         axes.tick_params(labelsize=7)
@@ -238,26 +249,37 @@ def _shift(comparison, path: Path):
 
 
 def _khat(comparison, path: Path):
-    rows = [r for r in comparison.rows if r["khat"] is not None and math.isfinite(r["khat"])]
+    rows = [r for r in comparison.rows if r["khat"] is not None and not math.isnan(r["khat"])]
     if not rows:
         return None
     figure = _figure(max(4.0, 0.9 * len(rows) + 2.0), 3.2)
     axes = figure.add_subplot()
-    values = [r["khat"] for r in rows]
+    finite = [r["khat"] for r in rows if math.isfinite(r["khat"])]
+    # an infinite k-hat (a handful of draws carry all the weight) is drawn at the top, hatched
+    top = max([1.5, *[1.1 * v for v in finite]])
+    values = [min(max(r["khat"], -0.5), top) for r in rows]
     colours = ["tab:green" if r["khat"] <= r["khat_threshold"] else "tab:red" for r in rows]
-    axes.bar(range(len(rows)), values, color=colours)
+    bars = axes.bar(range(len(rows)), values, color=colours)
+    for bar, row in zip(bars, rows):
+        if not math.isfinite(row["khat"]):
+            bar.set_hatch("//")
+            axes.annotate("inf", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center", va="bottom",
+                          fontsize=8)
     axes.axhline(rows[0]["khat_threshold"], color="black", lw=0.8, ls="--", label="threshold")
     axes.set_xticks(range(len(rows)), [r["method"] for r in rows], fontsize=8, rotation=30, ha="right")
+    axes.set_ylim(min(0.0, *values) - 0.05, top * 1.12)
     axes.set_ylabel("PSIS k-hat", fontsize=8)
     axes.set_title("How far each fitted q is from the posterior (PSIS k-hat)", fontsize=9)
     axes.legend(fontsize=7)
     return _save_checked(figure, path), (
         "PSIS k-hat of each method with a density, against the posterior it approximates: above the dashed "
-        "threshold (red) importance sampling cannot repair q, and its uncertainty is not to be trusted."
+        "threshold (red) importance sampling cannot repair q, and its uncertainty is not to be trusted. A hatched "
+        "bar is an infinite k-hat: a few draws carry all the importance weight."
     )
 
 
 def _run_figures(method: str, posterior, folder: Path) -> list:
+    """(path, caption) of the convergence figures of one run, the first caption naming the method."""
     out = []
     if posterior.kind == "chains" and posterior.num_draws >= 4:
         draws = _first_coordinates(_traced(posterior))
@@ -331,15 +353,26 @@ def _page(comparison, sections) -> str:
     untrusted = [r for r in ok_rows if r["ok"] is False]
     if untrusted:
         parts.append("<h2>Did not pass their own diagnostics</h2><ul>" + "".join(
-            f"<li><b>{html.escape(r['method'])}</b>: {html.escape(r['verdict'] or '')}</li>" for r in untrusted) + "</ul>")
+            f"<li><b>{html.escape(r['method'])}</b>:<ul>"
+            + "".join(f"<li>{html.escape(problem)}</li>" for problem in r["problems"]) + "</ul></li>"
+            for r in untrusted) + "</ul>")
     parts.append("<div class='note'>" + "".join(f"<p>{html.escape(n)}</p>" for n in record["notes"]) + "</div>")
     for title, figures in sections:
         if not figures:
             continue
         parts.append(f"<h2>{html.escape(title)}</h2>")
-        for path, caption in figures:
+        for entry in figures:
+            if isinstance(entry, str):
+                parts.append(f"<h3>{html.escape(entry)}</h3>")
+                continue
+            path, caption = entry
             parts.append(f"<figure><img src='{html.escape(Path(path).name)}' alt='{html.escape(caption)}'>"
                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")
+    # Marks each figure loaded or broken once the page has loaded: what a browser check reads back.
+    parts.append("<script>window.addEventListener('load', function () { var n = 0; "
+                 "for (var i = 0; i < document.images.length; i++) { var img = document.images[i]; "
+                 "var ok = img.complete && img.naturalWidth > 0; img.dataset.state = ok ? 'loaded' : 'broken'; "
+                 "n += ok ? 1 : 0; } document.body.dataset.figuresLoaded = n; });</script>")
     parts.append("</body></html>")
     return "\n".join(parts)
 

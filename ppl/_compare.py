@@ -153,6 +153,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         result.posteriors[method] = posterior
         log(f"  {method} done in {posterior.wall_time_s:.1f} s")
     _score(result, test, ood, seed, target_scale, shifted)
+    result.rows.sort(key=lambda r: chosen["run"].index(r["method"]))  # the order fitted, reference first
     return result
 
 
@@ -256,8 +257,6 @@ def _score(result: Comparison, test, ood, seed, target_scale, shifted) -> None:
             result.rows[fitted.index(method)] = row
         else:
             result.rows.append(row)
-    # the reference's row first, then the order fitted
-    result.rows.sort(key=lambda r: r["method"] != result.reference)
     _reference_notes(result)
     pointwise = {
         m: p.diagnostics().elpd_loo_pointwise for m, p in result.posteriors.items()
@@ -298,7 +297,7 @@ def _diagnostic_columns(row: dict, d) -> None:
         rhat_max=d.rhat_max, rhat_function_max=d.rhat_function_max, ess_bulk_min=d.ess_bulk_min,
         divergences=d.divergences, khat=d.khat, khat_threshold=d.khat_threshold, elpd_loo=d.elpd_loo,
         elpd_loo_se=d.elpd_loo_se, loo_khat_bad=d.loo_khat_bad, ok=d.ok,
-        verdict=d.verdict() if not d.ok else None,
+        problems=[check.message for check in d.failed],
     )
 
 
@@ -322,7 +321,7 @@ COLUMNS = (
     "method", "error", "wall_time_s", "rhat_max", "rhat_function_max", "ess_bulk_min", "divergences", "khat",
     "khat_threshold", "elpd_loo", "elpd_loo_se", "elpd_diff", "elpd_diff_se", "loo_khat_bad", "nll", "accuracy",
     "rmse", "ece", "brier", "coverage_90", "auroc_entropy", "auroc_mi", "selective_area", "agreement",
-    "total_variation", "wasserstein1", "ok", "verdict",
+    "total_variation", "wasserstein1", "ok", "problems",
 )
 
 
@@ -404,7 +403,9 @@ def format_table(record: dict) -> str:
         lines += ["", "failed:"] + [f"  {r['method']}: {r['error']}" for r in failed]
     untrusted = [r for r in rows if not r["error"] and r["ok"] is False]
     if untrusted:
-        lines += ["", "did not pass their own diagnostics:"] + [f"  {r['method']}: {r['verdict']}" for r in untrusted]
+        lines += ["", "did not pass their own diagnostics:"]
+        for r in untrusted:
+            lines += [f"  {r['method']}: {r['problems'][0]}"] + [f"  {' ' * len(r['method'])}  {p}" for p in r["problems"][1:]]
     notes = list(record["notes"])
     notes.append("R-hat w/f: weight-space and function-space R-hat; k-hat: PSIS k-hat of q against the posterior; "
                  "Δelpd: paired PSIS-LOO difference from the best method, with its standard error")

@@ -1,4 +1,4 @@
-"""The ``ppl`` command line: fit, show, datasets, methods.
+"""The ``ppl`` command line: fit, compare, show, predict, datasets, methods.
 
 Bad input or usage exits with status 2 and writes nothing.
 """
@@ -56,6 +56,27 @@ def _parser() -> argparse.ArgumentParser:
         help="continue the interrupted or checkpointed run in DIR (its model, data, method and options are reused; "
         "any you give must match)",
     )
+    comp = sub.add_parser(
+        "compare",
+        help="fit several methods to one model and data, print one table and write report.html with figures "
+        "(with no options: a BNN on two_moons, every method that accepts it, NUTS as the reference)",
+    )
+    comp.add_argument("--model", choices=MODELS, default="bnn", help="default bnn")
+    comp.add_argument("--data", default=COMPARE_DATA, help=f"a dataset name or a .csv/.npz file (default {COMPARE_DATA})")
+    comp.add_argument("--target", metavar="COLUMN", help="the column of a CSV file to predict (as for ppl fit)")
+    comp.add_argument(
+        "--methods", help="comma-separated method names (default: every registered method that accepts the model, "
+        "less hmc and mh)",
+    )
+    comp.add_argument("--reference", default="nuts", help="the method the others are measured against, or 'none' "
+                      "(default nuts; fitted too when not in --methods)")
+    comp.add_argument("--seed", type=_seed, default=0, help="default 0")
+    comp.add_argument(
+        "--set", action="append", default=[], metavar="[METHOD.]KEY=VALUE",
+        help="a model option (hidden=16) or one method's option (nuts.num_chains=2); repeatable",
+    )
+    comp.add_argument("--out", help="report folder (default: a new runs/compare-<data>-<model>-seed<N>[-K] folder)")
+    comp.add_argument("--force", action="store_true", help="replace the report already in --out")
     show = sub.add_parser("show", help="print a saved run")
     show.add_argument("path", help="a run folder, or any file inside one")
     show.add_argument(
@@ -221,6 +242,93 @@ def _build_model(args, data, model_opts):
 
 
 INVOCATION = "invocation.json"
+COMPARE_DATA = "two_moons"
+
+
+def _compare(args) -> int:
+    import os
+    import shutil
+    import tempfile
+
+    import ppl
+    from ppl import _progress
+    from ppl._compare import _chosen_methods
+    from ppl.inference import registry
+
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    if methods is not None and not methods:
+        raise UsageError("--methods is empty; give comma-separated method names (see ppl methods)")
+    reference = None if args.reference.lower() == "none" else args.reference
+    for name in (methods or []) + ([reference] if reference else []):
+        registry.get(name)  # unknown names are refused before anything runs
+    model_settings, method_settings = [], {}
+    for item in args.set:
+        key = item.split("=", 1)[0]
+        if "." in key:
+            method, rest = item.split(".", 1)
+            if methods is not None and method not in methods and method != reference:
+                raise UsageError(f"--set {item!r}: method {method!r} is not among the methods compared")
+            method_settings.setdefault(method, []).append(rest)
+        else:
+            if key not in {f.name for f in dataclasses.fields(_model_class(args.model))}:
+                raise UsageError(
+                    f"--set {item!r}: {key!r} is not an option of the model; a method's option takes its name "
+                    f"first, as in --set nuts.num_chains=2"
+                )
+            model_settings.append(item)
+    model_opts, _ = _split_settings(model_settings, _model_class(args.model), registry.get("map"))
+    options = {}
+    for method, items in method_settings.items():
+        cls = registry.get(method)
+        unknown = [i for i in items if "=" in i and i.split("=", 1)[0] not in cls.option_defaults()]
+        if unknown:
+            raise UsageError(f"--set {method}.{unknown[0]}: not an option of method {method!r} "
+                             f"({', '.join(sorted(cls.option_defaults()))})")
+        options[method] = _split_settings(items, _model_class(args.model), cls)[1]
+    if args.model == "vae":
+        raise UsageError("ppl compare scores test predictions; a VAE has none — compare VAEs with ppl fit and their "
+                         "test ELBO")
+    data = _load_data(args)
+    model = _build_model(args, data, model_opts)
+    _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
+    out = _compare_folder(args, data)
+    _progress.enable(False)
+    started = __import__("time").perf_counter()
+    result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
+                         log=lambda line: print(line, flush=True))
+    # written beside the target folder, then renamed into place: never half a report
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        result.write_report(staging)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(staging, out)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
+    elapsed = __import__("time").perf_counter() - started
+    print()
+    print(_safe(result.table()))
+    print()
+    print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table); {elapsed:.0f} s in all")
+    return 0
+
+
+def _compare_folder(args, data) -> Path:
+    if args.out is not None:
+        out = Path(args.out)
+        if out.exists() and not (out / "report.html").exists() and any(out.iterdir()):
+            raise UsageError(f"--out {out} is a folder that holds no ppl report; choose another folder")
+        if (out / "report.html").exists() and not args.force:
+            raise UsageError(f"--out {out} already holds a report; choose another folder, or add --force to replace it")
+        return out
+    base = Path("runs") / f"compare-{data.name}-{args.model}-seed{args.seed}"
+    out, number = base, 1
+    while out.exists():
+        number += 1
+        out = base.with_name(f"{base.name}-{number}")
+    return out
 
 
 def _invocation(args) -> dict:
@@ -817,7 +925,7 @@ def _methods(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"fit": _fit, "show": _show, "predict": _predict, "datasets": _datasets, "methods": _methods}
+    handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "datasets": _datasets, "methods": _methods}
     try:
         return handlers[args.command](args)
     except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:

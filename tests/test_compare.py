@@ -1,0 +1,134 @@
+"""ppl.compare, its report and ``ppl compare``."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ppl
+from ppl.cli import main
+from ppl.models import LinearRegression, LogisticRegression
+
+
+@pytest.fixture(scope="module")
+def linear_result():
+    data = ppl.datasets.load("linear", seed=0)
+    return ppl.compare(
+        LinearRegression(noise_scale=0.5), data, methods=["exact", "map", "laplace", "nuts"], reference="exact", seed=0,
+        options={"nuts": {"num_samples": 10**9}},  # refused for memory: a row that says why
+    )
+
+
+def test_rows_hold_every_method_and_the_reference_is_at_distance_zero(linear_result):
+    rows = {r["method"]: r for r in linear_result.rows}
+    assert list(rows) == ["exact", "map", "laplace", "nuts"]
+    assert rows["exact"]["wasserstein1"] == 0.0
+    # Laplace on the conjugate model is the exact posterior: its predictive matches up to Monte Carlo error of W1
+    assert rows["laplace"]["wasserstein1"] < 0.05 and rows["map"]["wasserstein1"] > rows["laplace"]["wasserstein1"]
+    assert rows["exact"]["error"] is None and rows["exact"]["ok"] is True
+    assert rows["nuts"]["error"].startswith("the fit failed") and "GiB" in rows["nuts"]["error"]
+    assert rows["nuts"]["nll"] is None
+
+
+def test_paired_elpd_differences_come_from_the_pointwise_values(linear_result):
+    exact = linear_result.posteriors["exact"].diagnostics().elpd_loo_pointwise
+    laplace = linear_result.posteriors["laplace"].diagnostics().elpd_loo_pointwise
+    assert exact.shape == laplace.shape == (ppl.datasets.load("linear", seed=0).train.X.shape[0],)
+    diff = exact - laplace
+    best, other = ("exact", "laplace") if diff.sum() >= 0 else ("laplace", "exact")
+    row = linear_result.row(other)
+    np.testing.assert_allclose(row["elpd_diff"], abs(diff.sum()), rtol=1e-9)
+    np.testing.assert_allclose(row["elpd_diff_se"], np.sqrt(diff.size * diff.var()), rtol=1e-9)
+    assert linear_result.row(best)["elpd_diff"] == 0.0
+    # MAP is a point: no LOO, so it takes no part in the paired comparison
+    assert linear_result.row("map")["elpd_diff"] is None
+
+
+def test_table_names_the_failure_and_the_reference(linear_result):
+    text = linear_result.table()
+    assert "exact (ref)" in text
+    assert re.search(r"nuts: the fit failed: .*GiB", text)
+    assert "W1" in text
+
+
+def test_unknown_method_is_refused_before_anything_is_fitted(monkeypatch):
+    def no_fit(*args, **kwargs):
+        raise AssertionError("nothing may be fitted")
+
+    monkeypatch.setattr(ppl, "fit", no_fit)
+    data = ppl.datasets.load("linear", seed=0)
+    with pytest.raises(ppl.OptionError, match="unknown method\\(s\\) 'bogus'.*valid methods"):
+        ppl.compare(LinearRegression(), data, methods=["map", "bogus"], seed=0)
+    with pytest.raises(ppl.OptionError, match="has no option\\(s\\) 'steps_'"):
+        ppl.compare(LinearRegression(), data, methods=["map"], reference=None, seed=0, options={"map": {"steps_": 3}})
+    with pytest.raises(ppl.OptionError, match="options are given for svi"):
+        ppl.compare(LinearRegression(), data, methods=["map"], reference=None, seed=0, options={"svi": {}})
+
+
+@pytest.fixture(scope="module")
+def moons_report(tmp_path_factory):
+    """``ppl compare`` end to end on two_moons with a logistic regression: two methods, a reference
+    that is not a sampler, the report written."""
+    out = tmp_path_factory.mktemp("compare") / "report"
+    code = main(["compare", "--model", "logistic", "--data", "two_moons", "--methods", "map,laplace,nuts",
+                 "--reference", "laplace", "--set", "nuts.num_samples=300", "--set", "nuts.num_warmup=300",
+                 "--set", "nuts.num_chains=2", "--out", str(out)])
+    assert code == 0
+    return out
+
+
+def test_cli_writes_a_report_with_its_figures(moons_report, capsys):
+    files = {p.name for p in moons_report.iterdir()}
+    assert {"report.html", "comparison.json", "reliability.png", "selective.png", "predictive.png", "khat.png",
+            "trace_nuts.png", "rank_nuts.png", "loss_map.png"} <= files
+    page = (moons_report / "report.html").read_text()
+    for png in (p for p in files if p.endswith(".png")):
+        assert f"src='{png}'" in page
+    assert "is not a Markov-chain sampler" in page  # the reference laplace is not a sampler
+
+
+def test_cli_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--methods", "map,bogus"]) == 2
+    assert "unknown method 'bogus'" in capsys.readouterr().err
+    assert main(["compare", "--set", "steps=3"]) == 2
+    assert "take its name first, as in --set nuts.num_chains=2" in capsys.readouterr().err.replace("takes", "take")
+    assert main(["compare", "--methods", "map", "--set", "svi.steps=3"]) == 2
+    assert not any(tmp_path.iterdir())
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def test_report_renders_in_a_real_browser(moons_report, tmp_path):
+    # Debian's chromium, headless: every figure of the page must load, and the screenshot must not be blank.
+    browser = _chromium()
+    if browser is None:
+        if os.environ.get("PPL_REQUIRE_BROWSER"):
+            pytest.fail("PPL_REQUIRE_BROWSER is set but no chromium is installed (apt-get install chromium)")
+        pytest.skip("no chromium here (CI installs Debian's chromium and sets PPL_REQUIRE_BROWSER)")
+    page = (moons_report / "report.html").resolve().as_uri()
+    flags = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", f"--user-data-dir={tmp_path / 'profile'}"]
+    dom = subprocess.run(flags + ["--virtual-time-budget=10000", "--dump-dom", page], capture_output=True, text=True,
+                         timeout=120).stdout
+    images = re.findall(r"<img [^>]*>", dom)
+    pngs = sorted(p.name for p in moons_report.glob("*.png"))
+    assert len(images) == len(pngs), (len(images), pngs)
+    assert all('data-state="loaded"' in tag for tag in images), [t for t in images if 'data-state="loaded"' not in t]
+    assert f'data-figures-loaded="{len(pngs)}"' in dom
+    shot = tmp_path / "shot.png"
+    subprocess.run(flags + ["--window-size=1280,3000", f"--screenshot={shot}", page], capture_output=True, timeout=120)
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(shot)
+    assert pixels.shape[0] == 3000 and pixels[..., :3].std() > 0.05  # figures and tables, not a blank page
