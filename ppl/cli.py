@@ -249,6 +249,7 @@ def _compare(args) -> int:
     import os
     import shutil
     import tempfile
+    import time
 
     import ppl
     from ppl import _progress
@@ -292,8 +293,13 @@ def _compare(args) -> int:
     model = _build_model(args, data, model_opts)
     _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
     out = _compare_folder(args, data)
+    parent = out
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK):
+        raise UsageError(f"--out {out}: {parent} is not a writable directory")
     _progress.enable(False)
-    started = __import__("time").perf_counter()
+    started = time.perf_counter()
     result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
                          log=lambda line: print(line, flush=True))
     # written beside the target folder, then renamed into place: never half a report
@@ -307,7 +313,7 @@ def _compare(args) -> int:
     finally:
         if staging.exists():
             shutil.rmtree(staging)
-    elapsed = __import__("time").perf_counter() - started
+    elapsed = time.perf_counter() - started
     print()
     print(_safe(result.table()))
     print()
@@ -316,6 +322,8 @@ def _compare(args) -> int:
 
 
 def _compare_folder(args, data) -> Path:
+    """The report folder: --out (refused when it holds anything but a report, or a report without
+    --force), or a new numbered folder under runs/."""
     if args.out is not None:
         out = Path(args.out)
         if out.exists() and not (out / "report.html").exists() and any(out.iterdir()):
@@ -323,12 +331,7 @@ def _compare_folder(args, data) -> Path:
         if (out / "report.html").exists() and not args.force:
             raise UsageError(f"--out {out} already holds a report; choose another folder, or add --force to replace it")
         return out
-    base = Path("runs") / f"compare-{data.name}-{args.model}-seed{args.seed}"
-    out, number = base, 1
-    while out.exists():
-        number += 1
-        out = base.with_name(f"{base.name}-{number}")
-    return out
+    return _unused_folder(Path("runs") / f"compare-{data.name}-{args.model}-seed{args.seed}")
 
 
 def _invocation(args) -> dict:
@@ -527,7 +530,11 @@ def _out_folder(args, data) -> Path:
                 f"--out {out} already holds a run; choose another folder, or add --force to replace it"
             )
         return out
-    base = Path("runs") / f"{data.name}-{args.model}-{args.method}-seed{args.seed}"
+    return _unused_folder(Path("runs") / f"{data.name}-{args.model}-{args.method}-seed{args.seed}")
+
+
+def _unused_folder(base: Path) -> Path:
+    """``base``, or ``base-2``, ``base-3``, … : the first that does not exist yet."""
     out, number = base, 1
     while out.exists():
         number += 1
