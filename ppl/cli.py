@@ -293,11 +293,7 @@ def _compare(args) -> int:
     model = _build_model(args, data, model_opts)
     _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
     out = _compare_folder(args, data)
-    parent = out
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK):
-        raise UsageError(f"--out {out}: {parent} is not a writable directory")
+    _check_writable_parent(out)
     _progress.enable(False)
     started = time.perf_counter()
     result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
@@ -544,14 +540,19 @@ def _unused_folder(base: Path) -> Path:
 
 def _check_out(out: Path) -> None:
     """Refuse an output path that could not be written, before anything is fitted."""
-    import os
-
     from ppl._io import check_writable_run
 
     try:
         check_writable_run(out)
     except RunError as error:
         raise UsageError(f"--out {error}") from None
+    _check_writable_parent(out)
+
+
+def _check_writable_parent(out: Path) -> None:
+    """Refuse ``out`` when the nearest folder that exists above it (or itself) is not writable."""
+    import os
+
     parent = out
     while not parent.exists():
         parent = parent.parent
