@@ -340,7 +340,8 @@ class Conformal:
     """Split-conformal prediction sets (classification) or intervals (regression) around a posterior.
 
     ``alpha`` (target coverage 1 − α), ``score`` (``"aps"``, ``"lac"`` or ``"residual"``),
-    ``threshold`` (the ⌈(n+1)(1−α)⌉-th smallest calibration score), ``num_calibration`` (n).
+    ``threshold`` (the ⌈(n+1)(1−α)⌉-th smallest calibration score), ``num_calibration`` (n),
+    ``temperature`` (None, or T when built on a :class:`Calibration`'s scaled predictive).
     Over random calibration and test points, a set covers the truth with probability in
     [1 − α, 1 − α + 1/(n + 1)] (Vovk et al. 2005; Lei et al. 2018), whatever the model — as long
     as calibration and test points are exchangeable.
@@ -354,9 +355,12 @@ class Conformal:
     num_calibration: int
     num_samples: int | None
     mode: str
+    # set when the sets are built on a temperature-scaled predictive (ppl.conformal(calibration, ...))
+    temperature: float | None = None
 
     def _predict(self, X, seed) -> Prediction:
-        return self.posterior.predict(X, seed=seed, num_samples=self.num_samples, mode=self.mode)
+        prediction = self.posterior.predict(X, seed=seed, num_samples=self.num_samples, mode=self.mode)
+        return prediction if self.temperature is None else scale_temperature(prediction, self.temperature)
 
     def _sets_from(self, prediction: Prediction, seed):
         if self.task == "classification":
@@ -401,15 +405,16 @@ class Conformal:
 
     def __str__(self) -> str:
         what = "prediction sets" if self.task == "classification" else "prediction intervals"
+        scaled = "" if self.temperature is None else f" on the predictive at temperature {self.temperature:.4g}"
         return (
-            f"Split conformal {what} — score={self.score!r}, alpha={self.alpha:g} (target coverage "
+            f"Split conformal {what}{scaled} — score={self.score!r}, alpha={self.alpha:g} (target coverage "
             f"{1 - self.alpha:.3g}), threshold {self.threshold:.4g} from {self.num_calibration} calibration points"
         )
 
 
 def conformal(
     posterior, cal_data, *, alpha: float = 0.1, seed, score: str | None = None, num_samples: int | None = None,
-    mode: str = "mc",
+    mode: str | None = None,
 ) -> Conformal:
     """Split-conformal prediction sets or intervals calibrated on held-out data.
 
@@ -428,11 +433,15 @@ def conformal(
       with K outputs the largest of the K normalised residuals (joint coverage of all K).
 
     Args:
-        posterior: a fitted supervised posterior.
+        posterior: a fitted supervised posterior, or a :class:`Calibration` from ``ppl.calibrate``
+            (the sets are then built on the temperature-scaled predictive; fit the temperature on
+            a split other than ``cal_data``, or the calibration points are no longer exchangeable
+            with test points).
         cal_data: ``(X, y)`` calibration split, exchangeable with future test points and unused in fitting.
         alpha: miscoverage rate in (0, 1); the sets target coverage 1 − α.
         seed: int or JAX key for the prediction draws and APS's uniforms.
-        num_samples, mode: passed to ``posterior.predict`` (here and in every later prediction).
+        num_samples, mode: passed to ``posterior.predict`` (here and in every later prediction);
+            ``mode=None`` is ``"mc"``. A Calibration brings its own, so leave them unset there.
 
     Example::
 
@@ -442,6 +451,17 @@ def conformal(
     """
     _check_seed_given(seed, "ppl.conformal")
     alpha = _check_alpha(alpha)
+    temperature = None
+    if isinstance(posterior, Calibration):
+        if num_samples is not None or mode is not None:
+            raise OptionError(
+                f"ppl.conformal on a Calibration predicts as the calibration did (num_samples={posterior.num_samples}, "
+                f"mode={posterior.mode!r}); leave num_samples and mode unset, or call ppl.calibrate with the ones you want"
+            )
+        posterior, temperature, num_samples, mode = (
+            posterior.posterior, posterior.temperature, posterior.num_samples, posterior.mode,
+        )
+    mode = "mc" if mode is None else mode
     task = _classifier_task(posterior, "ppl.conformal")
     allowed = _CLASSIFICATION_SCORES if task == "classification" else _REGRESSION_SCORES
     score = allowed[0] if score is None else score
@@ -453,6 +473,8 @@ def conformal(
     X, y = _labelled(posterior, cal_data, "calibration data")
     rank = conformal_rank(int(X.shape[0]), alpha)
     prediction = posterior.predict(X, seed=seed, num_samples=num_samples, mode=mode)
+    if temperature is not None:
+        prediction = scale_temperature(prediction, temperature)
     if task == "classification":
         class_scores = _class_scores(np.asarray(prediction.probs, dtype=np.float64), score, _uniforms(seed, X.shape[0], _CALIBRATION_TAG))
         scores = class_scores[np.arange(y.shape[0]), y]
@@ -463,5 +485,5 @@ def conformal(
     threshold = float(np.sort(scores)[rank - 1])
     return Conformal(
         posterior=posterior, task=task, alpha=alpha, score=score, threshold=threshold,
-        num_calibration=int(X.shape[0]), num_samples=num_samples, mode=mode,
+        num_calibration=int(X.shape[0]), num_samples=num_samples, mode=mode, temperature=temperature,
     )

@@ -181,6 +181,22 @@ def test_classification_sets_cover_at_the_target_rate(blobs, score):
     assert np.array_equal(sets, conf.predict_sets(test[0], seed=2))
 
 
+def test_sets_on_a_temperature_scaled_predictive(blobs):
+    # Temperature fitted on one half of the calibration split, conformal threshold on the other:
+    # the calibration points stay exchangeable with the test points, so coverage holds as before.
+    post, (X, y), test = blobs
+    half = X.shape[0] // 2
+    cal = ppl.calibrate(post, (X[:half], y[:half]), seed=1)
+    conf = ppl.conformal(cal, (X[half:], y[half:]), alpha=ALPHA, seed=1, score="lac")
+    assert conf.temperature == cal.temperature and "temperature" in str(conf)
+    _assert_coverage(conf.coverage(test, seed=2), ALPHA)
+    # LAC keeps every class whose scaled probability reaches 1 − threshold
+    scaled = cal.predict(test[0][:500], seed=2).probs
+    assert np.array_equal(conf.predict_sets(test[0][:500], seed=2), 1.0 - scaled <= conf.threshold)
+    with pytest.raises(ppl.OptionError, match="leave num_samples and mode unset"):
+        ppl.conformal(cal, (X[half:], y[half:]), seed=1, mode="mc")
+
+
 def test_aps_scores_by_hand():
     probs = np.array([[0.2, 0.5, 0.3]])
     # ranked 0.5, 0.3, 0.2: mass above plus U times own, U = 0.5
