@@ -114,7 +114,7 @@ def _fit_temperature(members: np.ndarray, labels: np.ndarray) -> tuple[float, fl
     return math.exp(log_t), nll, at_one, at_bound
 
 
-def _classifier_task(posterior, what: str) -> str:
+def _supervised_task(posterior, what: str) -> str:
     from ppl.models._base import REGRESSION_LIKELIHOODS
 
     problem = getattr(posterior, "problem", None)
@@ -239,7 +239,7 @@ def calibrate(posterior, val_data, *, seed, num_samples: int | None = None, mode
         print(cal, cal.evaluate(data.test, seed=2))
     """
     _check_seed_given(seed, "ppl.calibrate")
-    if _classifier_task(posterior, "ppl.calibrate") != "classification":
+    if _supervised_task(posterior, "ppl.calibrate") != "classification":
         raise OptionError(
             f"ppl.calibrate fits a temperature to class probabilities, but this posterior's likelihood is "
             f"{posterior.problem.likelihood!r} (regression); for calibrated regression intervals use "
@@ -462,7 +462,7 @@ def conformal(
             posterior.posterior, posterior.temperature, posterior.num_samples, posterior.mode,
         )
     mode = "mc" if mode is None else mode
-    task = _classifier_task(posterior, "ppl.conformal")
+    task = _supervised_task(posterior, "ppl.conformal")
     allowed = _CLASSIFICATION_SCORES if task == "classification" else _REGRESSION_SCORES
     score = allowed[0] if score is None else score
     if score not in allowed:

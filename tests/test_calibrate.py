@@ -98,7 +98,7 @@ def test_overconfident_map_gets_a_temperature_above_one(cancer):
     # A wide prior lets the MAP's weights grow until the training set is fitted with near-certainty.
     post = _cancer_map(cancer, prior_scale=10.0)
     cal = ppl.calibrate(post, cancer["val"], seed=1)
-    assert cal.temperature > 1.0
+    assert cal.temperature > 1.0 and cal.notes == ()
     assert cal.validation_nll < cal.validation_nll_uncalibrated
     # the validation NLL at T = 1 is the posterior's own, and the reported one is the scaled predictive's
     uncalibrated = ppl.evaluate(post, cancer["val"], seed=1)
@@ -112,6 +112,8 @@ def test_overconfident_map_gets_a_temperature_above_one(cancer):
     # one draw: dividing its logits by T > 0 keeps every argmax
     assert report["calibrated"]["accuracy"] == report["uncalibrated"]["accuracy"]
     assert report["uncalibrated"] == ppl.evaluate(post, cancer["test"], seed=2)
+    # measured on these 114 test points: NLL 0.118 -> 0.082 (held out, so not guaranteed in general)
+    assert report["calibrated"]["nll"] < report["uncalibrated"]["nll"]
     assert "softens an overconfident" in str(cal) and f"{cal.temperature:.4g}" in str(cal)
 
 
@@ -119,9 +121,24 @@ def test_underconfident_map_gets_a_temperature_below_one(cancer):
     # A narrow prior shrinks the logits towards 0: right answers with probabilities near 1/2.
     post = _cancer_map(cancer, prior_scale=0.1)
     cal = ppl.calibrate(post, cancer["val"], seed=1)
-    assert cal.temperature < 1.0
+    assert cal.temperature < 1.0 and cal.notes == ()
     assert cal.validation_nll < cal.validation_nll_uncalibrated
     assert "sharpens an underconfident" in str(cal)
+    # measured on the 114 test points: NLL 0.315 -> 0.159, ECE 0.183 -> 0.070
+    report = cal.evaluate(cancer["test"], seed=2)
+    assert report["calibrated"]["nll"] < report["uncalibrated"]["nll"]
+    assert report["calibrated"]["ece"] < report["uncalibrated"]["ece"]
+
+
+def test_a_validation_split_that_cannot_pin_the_temperature_down():
+    # One draw that ranks every validation label first: sharper is always better, so the NLL falls
+    # all the way to the search bound T = 1/100, and the result must say so rather than pass silently.
+    logits = np.zeros((1, 50, 3))
+    labels = np.arange(50) % 3
+    logits[0, np.arange(50), labels] = 2.0
+    members = np.asarray(_class_log_probs("categorical", logits))
+    temperature, nll, nll_at_one, at_bound = _fit_temperature(members, labels)
+    assert at_bound and abs(temperature - 0.01) < 1e-12 and nll < nll_at_one
 
 
 # -- split conformal --------------------------------------------------------------------------------
