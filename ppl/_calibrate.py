@@ -147,7 +147,7 @@ def _check_features(posterior, X: np.ndarray, where: str) -> None:
 
 def _check_seed_given(seed, what: str) -> None:
     if seed is None:
-        raise OptionError(f"{what} needs seed= (an int or a JAX key): prediction draws and randomisation use it")
+        raise OptionError(f"{what} needs seed= (an int or a JAX key) for its prediction draws; pass e.g. seed=0")
 
 
 @dataclass(frozen=True)
