@@ -12,6 +12,7 @@ Declare a model once, switch the inference method with one argument, read the sa
 from __future__ import annotations
 
 from ppl import datasets
+from ppl._calibrate import Calibration, Conformal, calibrate, conformal
 from ppl._checkpoint import Interrupted
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 from ppl._compare import Comparison, compare
@@ -50,6 +51,10 @@ __all__ = [
     "ResumeError",
     "Interrupted",
     "sbc",
+    "calibrate",
+    "Calibration",
+    "conformal",
+    "Conformal",
 ]
 __version__ = "0.1.0"
 
