@@ -5,8 +5,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import numpyro
 
