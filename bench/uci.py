@@ -9,7 +9,7 @@ training split's statistics, and score the test split in the target's own units:
 log-likelihood per point (the standardised one minus log of the target's sd) and RMSE. The
 table prints mean ± standard error over the splits next to the published MC-dropout anchors
 (Gal & Ghahramani 2016, one hidden layer of 50 units on the same splits) and says how many fits
-reported that their optimisation did not settle.
+reported that their optimisation did not settle (for ``nuts``: whose diagnostics were not ok).
 
 The data folder is ``--root``, else ``$PPL_DATA_DIR``, else the ``shared/data/uci`` folder beside
 the repository. Each fit is appended to ``--results`` (JSON lines) as it ends; a rerun skips the
@@ -64,6 +64,10 @@ def fit_one(name: str, split: int, method: str, root: Path) -> dict:
     if "map_converged" in posterior.info:
         # SWAG's SGD phase explores at a constant rate and carries no verdict; its MAP pre-training does.
         converged, convergence = posterior.info["map_converged"], f"MAP pre-training: {posterior.info['map_convergence']}"
+    elif not convergence:
+        # A sampler has no optimisation verdict: report its diagnostics' (R-hat, ESS, divergences).
+        diagnostics = posterior.diagnostics()
+        converged, convergence = diagnostics.ok, "diagnostics: " + ("ok" if diagnostics.ok else "; ".join(diagnostics.warnings))
     return {
         "set": name, "split": split, "method": method, "test_ll": -metrics["nll"], "rmse": metrics["rmse"],
         "coverage_90": metrics["coverage_90"], "converged": bool(converged), "convergence": convergence,
@@ -79,7 +83,7 @@ def mean_se(values) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [f"{'set':<10} {'method':<9} {'splits':>6}  {'test LL':>14}  {'RMSE':>14}  {'did not settle':>14}  {'s/fit':>6}"]
+    lines = [f"{'set':<10} {'method':<9} {'splits':>6}  {'test LL':>14}  {'RMSE':>14}  {'not settled/ok':>14}  {'s/fit':>6}"]
     for name in dict.fromkeys(row["set"] for row in rows):
         anchor = ANCHORS.get(name)
         for method in dict.fromkeys(row["method"] for row in rows if row["set"] == name):
