@@ -28,7 +28,7 @@ from ppl._checkpoint import Session
 from ppl._posterior import Posterior
 from ppl.inference._base import check_positive_int
 from ppl.inference.optimize import (
-    MAP, NegativeLogJoint, _full_gradient, _moved, gradient_evidence, loss_convergence, minimize,
+    MAP, NegativeLogJoint, _full_gradient, _moved, gradient_evidence, minimize, round_convergence,
 )
 
 __all__ = ["Ensemble", "member_keys"]
@@ -72,13 +72,16 @@ class Ensemble(MAP):
         objective = NegativeLogJoint()
         start_norms = [float(_full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(self.num_members)]
 
-        def build(params, losses):
-            judged = []
-            for m in range(self.num_members):
-                judged.append(loss_convergence(
-                    losses[m], self.steps, moved=_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
-                    **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
-                ))
+        def judge_members(params, losses, stopped):
+            # A member that settled was frozen at that step: it is judged on its run up to there.
+            return [round_convergence(
+                losses[m, : stopped[m] or losses.shape[-1]], self.steps, config.budget,
+                moved=_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
+                **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
+            ) for m in range(self.num_members)]
+
+        def build(params, losses, stopped):
+            judged = judge_members(params, losses, stopped)
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :],
                 **members_record(judged, losses), info={"optimizer": config.optimizer},
@@ -87,8 +90,11 @@ class Ensemble(MAP):
         result = minimize(
             objective, config, problem, starts, run_keys, learning_rate=self.learning_rate, label="ensemble",
             session=session, build=build, members=self.num_members,
+            judge=lambda params, losses, stopped: [
+                status.converged and not status.interrupted for status, _ in judge_members(params, losses, stopped)
+            ],
         )
-        posterior = build(result.params, result.losses)
+        posterior = build(result.params, result.losses, result.stopped)
         posterior.resume_state = result.resume_state
         return posterior
 
@@ -99,7 +105,10 @@ def members_record(judged: list, losses) -> dict:
     the (M, steps) losses and each figure's worst value over the members."""
     failed = [f"member {m}: {status.convergence}" for m, (status, _) in enumerate(judged) if not status.converged]
     first = judged[0][0]
-    status = first._replace(converged=not failed, convergence="; ".join(failed) or "settled")
+    status = first._replace(
+        converged=not failed, convergence="; ".join(failed) or "settled",
+        interrupted=any(bool(s.interrupted) for s, _ in judged), steps_done=int(np.shape(losses)[-1]),
+    )
 
     def worst(field, pick):
         values = [getattr(trace, field) for _, trace in judged if getattr(trace, field) is not None]

@@ -32,7 +32,7 @@ from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
 
-__all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "NegativeLogJoint"]
+__all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "round_convergence", "NegativeLogJoint"]
 
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
@@ -47,13 +47,20 @@ class OptimizerConfig:
     """Static description of an optimisation run (hashable: it keys the compilation cache)."""
 
     optimizer: str  # "adam", "lbfgs" or "sgd" (momentum 0.9; SWAG's trajectory)
-    steps: int
+    steps: int  # one round: the schedule's length, and the steps between convergence checks
     schedule: str = "cosine"  # "cosine" (decay over the run), "constant", or "cyclic" (cosine per cycle)
     batch_size: int | None = None
     cycle: int = 1  # steps per cycle of the "cyclic" schedule
     # L-BFGS stops updating once the gradient norm is this small (its line search divides by the
     # curvature pair, which vanishes at an exact optimum).
     grad_tol: float = 1e-9
+    # The step budget: with a ``judge`` (see :func:`minimize`), training goes on in further rounds of
+    # ``steps`` until the judge accepts or this many steps are done. None: exactly ``steps``.
+    max_steps: int | None = None
+
+    @property
+    def budget(self) -> int:
+        return self.steps if self.max_steps is None else max(self.steps, self.max_steps)
 
     def build(self, learning_rate) -> optax.GradientTransformation:
         """The optax transformation; ``learning_rate`` may be a traced array (no recompilation)."""
@@ -62,6 +69,13 @@ class OptimizerConfig:
         if self.schedule == "cosine":
             # Decay to 1% of the rate: late iterates average out the gradient noise of MC objectives.
             rate = optax.cosine_decay_schedule(learning_rate, self.steps, alpha=0.01)
+            if self.budget > self.steps:
+                # Each further round of a run that did not settle restarts the decay (as SGDR does):
+                # it moves with large steps again and ends with small ones before it is judged.
+                decay = rate
+
+                def rate(count):
+                    return decay(count % self.steps)
         elif self.schedule == "cyclic":
             # Within each cycle, cosine from the rate down to 1% of it, reached at the cycle's last step.
             def rate(count):
@@ -140,12 +154,15 @@ def _select(flag, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
-def _chunk(objective, config, capacity, collector, problem, params, state, key, start, num_active, learning_rate):
+def _chunk(objective, config, capacity, collector, problem, params, state, key, start, num_active, learning_rate,
+           frozen=None):
     """Steps ``start .. start + num_active − 1`` (at most ``capacity``; the rest are skipped).
 
     One compiled program serves every chunk length, so chunks are sized to wall time. Step ``t``
     uses ``fold_in(key, t)``, so the result does not depend on where chunks begin. ``state`` is
     (optimiser state, collector state); the collector sees the parameters after every step taken.
+    ``frozen`` (a boolean array, or None): when true, no step changes the state (an ensemble member
+    that has settled while others train on); the losses are still evaluated.
     """
     optimizer = config.build(learning_rate)
 
@@ -164,11 +181,13 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
             value, grad = optax.value_and_grad_from_state(loss_fn)(params, state=opt_state)
             updates, new_state = optimizer.update(grad, opt_state, params, value=value, grad=grad, value_fn=loss_fn)
             grad_norm = optax.tree_utils.tree_norm(grad)
-            active = (step < config.steps) & (grad_norm > config.grad_tol)
+            active = (step < config.budget) & (grad_norm > config.grad_tol)
         else:
             value, grad = jax.value_and_grad(loss_fn)(params)
             updates, new_state = optimizer.update(grad, opt_state, params)
-            active = step < config.steps
+            active = step < config.budget
+        if frozen is not None:
+            active = active & ~frozen
         new_params = optax.apply_updates(params, updates)
         new_collected = collected if collector is None else collector.update(collected, new_params, step)
         new_state, new_collected = _select(active, (new_state, new_collected), (opt_state, collected))
@@ -191,7 +210,7 @@ _run_chunk = partial(jax.jit, static_argnames=("objective", "config", "capacity"
 
 @partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector", "devices"))
 def _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, keys, start, num_active,
-                       learning_rate, devices=None):
+                       learning_rate, frozen, devices=None):
     """:func:`_chunk` for M members in one compiled program, over a leading axis of (params,
     optimiser state, key).
 
@@ -207,24 +226,24 @@ def _run_members_chunk(objective, config, capacity, collector, problem, params, 
     an ensemble uses several cores (``jax_num_cpu_devices``) or several accelerators. A member's
     steps are the same arithmetic on any device (identical results in float64; in float32 an
     L-BFGS step can round its last bit differently, which later steps amplify)."""
-    def members(params, opt_state, keys, problem, start, num_active, learning_rate):
-        def one(p, s, k):
-            return _chunk(objective, config, capacity, collector, problem, p, s, k, start, num_active, learning_rate)
+    def members(params, opt_state, keys, frozen, problem, start, num_active, learning_rate):
+        def one(p, s, k, f):
+            return _chunk(objective, config, capacity, collector, problem, p, s, k, start, num_active, learning_rate, f)
 
         if config.optimizer == "lbfgs":
-            return jax.lax.map(lambda args: one(*args), (params, opt_state, keys))
-        return jax.vmap(one)(params, opt_state, keys)
+            return jax.lax.map(lambda args: one(*args), (params, opt_state, keys, frozen))
+        return jax.vmap(one)(params, opt_state, keys, frozen)
 
     if devices is None or len(devices) == 1:
-        return members(params, opt_state, keys, problem, start, num_active, learning_rate)
+        return members(params, opt_state, keys, frozen, problem, start, num_active, learning_rate)
     count = keys.shape[0]
     pad = -count % len(devices)
     padded = jax.tree_util.tree_map(
-        lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x, (params, opt_state, keys)
+        lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x, (params, opt_state, keys, frozen)
     )
     split, whole = P("members"), P()
     out = _shard_map(
-        members, mesh=Mesh(np.asarray(devices), ("members",)), in_specs=(split, split, split, whole, whole, whole, whole),
+        members, mesh=Mesh(np.asarray(devices), ("members",)), in_specs=(split, split, split, split, whole, whole, whole, whole),
         out_specs=split,
     )(*padded, problem, start, num_active, learning_rate)
     return jax.tree_util.tree_map(lambda x: x[:count], out)
@@ -366,6 +385,7 @@ class Minimized(NamedTuple):
     losses: np.ndarray
     resume_state: ResumeState | None
     collected: Any = ()  # the collector's state at the end (``()`` without a collector)
+    stopped: Any = None  # members: the step at which each settled (0: trained to the end); else None
 
 
 def minimize(
@@ -381,6 +401,7 @@ def minimize(
     build=None,
     members: int | None = None,
     collector=None,
+    judge=None,
 ) -> Minimized:
     """Minimise ``objective(params, problem, key, batch)`` in chunks of steps.
 
@@ -398,6 +419,19 @@ def minimize(
     given, a partial Posterior built from them as ``.partial``), advances the progress bar, writes a
     checkpoint when one is due, and stops early on Ctrl-C. ``build(params, losses)`` turns parameters
     into a Posterior (for checkpoints and partial results).
+
+    Rounds: with ``judge(params, losses) -> bool`` and a budget ``config.max_steps`` above
+    ``config.steps``, the run is judged after every ``config.steps`` steps and stops at the first
+    round the judge accepts, or at the budget. Chunks never cross a round's end, the compiled chunk
+    is the same for every round (no recompilation), and the verdict depends only on the parameters
+    and losses, so a resumed run stops where an uninterrupted one does.
+
+    With members, ``judge(params, losses, stopped)`` and ``build(params, losses, stopped)`` also
+    receive ``stopped`` (M,): the step at which each member settled, 0 while it trains. The judge
+    returns one verdict per member; a member that settles is frozen (its parameters and optimiser
+    state stop changing) while the others go on, so a member's result does not depend on the others
+    — member 0 of an ensemble stays the ``map`` run with the same seed. ``Minimized.stopped`` holds
+    the final ``stopped``.
     """
     session = session or Session()
     capacity = max(1, min(CHUNK_CAPACITY, config.steps))
@@ -409,22 +443,30 @@ def minimize(
         # Chunks run on all the devices; everything between them stays on the first one.
         on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
 
-        def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count, rate):
-            params, opt_state, key = jax.device_put((params, opt_state, key), on_all)
+        def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count, rate,
+                      frozen):
+            params, opt_state, key, frozen = jax.device_put((params, opt_state, key, frozen), on_all)
             out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start,
-                                     count, rate, devices=devices)
+                                     count, rate, frozen, devices=devices)
             return jax.device_put(out, on_first)
     lead = () if members is None else (int(members),)
+    budget = config.budget if judge is not None else config.steps
     history: list = []
     step = 0
+    stopped = None if members is None else np.zeros(lead, dtype=np.int64)
     resume = session.resume_state("optimize")
     if resume is not None:
         step = int(resume.progress.get("steps_done", -1))
         losses = np.asarray(resume.arrays.get("losses", np.zeros(0)))
-        if not 0 <= step <= config.steps or losses.shape != (*lead, step):
+        if stopped is not None:
+            stopped = np.asarray(resume.arrays.get("stopped", stopped), dtype=np.int64)
+            if stopped.shape != lead:
+                raise ResumeError(f"the checkpoint's record of settled members has shape {stopped.shape}, not {lead}; "
+                                  "start afresh without resume")
+        if not 0 <= step <= budget or losses.shape != (*lead, step):
             raise ResumeError(
                 f"the checkpoint's progress ({step} steps, losses of shape {losses.shape}) does not fit a run of "
-                f"{config.steps} steps; start afresh without resume"
+                f"at most {budget} steps; start afresh without resume"
             )
         params, opt_state = restore_tree((params, opt_state), resume.leaves, "optimiser state")
         params, opt_state = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
@@ -437,24 +479,45 @@ def minimize(
     def state_now(params, opt_state, step):
         losses = joined()
         leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
-        return session.stamp(ResumeState("optimize", {"steps_done": int(step)}, leaves, {"losses": losses}))
+        arrays = {"losses": losses} if stopped is None else {"losses": losses, "stopped": stopped.copy()}
+        return session.stamp(ResumeState("optimize", {"steps_done": int(step)}, leaves, arrays))
+
+    def with_stopped(fn, params, losses):
+        return fn(params, losses) if stopped is None else fn(params, losses, stopped.copy())
+
+    def settled(params) -> bool:
+        """Judge the round just ended; with members, freeze those that settled. True when all did."""
+        nonlocal stopped
+        if stopped is None:
+            return bool(judge(params, joined()))
+        verdict = np.asarray(with_stopped(judge, params, joined()), dtype=bool)
+        stopped = np.where((stopped == 0) & verdict, step, stopped)
+        return bool(np.all(stopped > 0))
 
     def partial_now(params, opt_state, step):
         state = state_now(params, opt_state, step)
-        posterior = None if build is None or step == 0 else build(params, state.arrays["losses"])
-        if posterior is not None and step < config.steps:
+        posterior = None if build is None or step == 0 else with_stopped(build, params, state.arrays["losses"])
+        if posterior is not None and step < budget:
             posterior.resume_state = state
         return posterior, state
 
     pace = _interrupt.ChunkPace(capacity)
-    with _progress.task(label, config.steps), _interrupt.guard():
+    finished = False
+    with _progress.task(label, min(budget, max(config.steps, -(-step // config.steps) * config.steps))), _interrupt.guard():
         _progress.advance(step)
-        while step < config.steps and not _interrupt.requested():
-            count = min(pace.next_chunk(), config.steps - step)
+        while step < budget and not _interrupt.requested():
+            if step > 0 and step % config.steps == 0:
+                # The end of a round: stop if it settled, else go on for another round.
+                if settled(params):
+                    finished = True
+                    break
+                _progress.extend(min(budget, step + config.steps))
+            count = min(pace.next_chunk(), config.steps - step % config.steps, budget - step)
             started = time.perf_counter()
+            frozen = () if stopped is None else (jnp.asarray(stopped > 0),)
             new_params, new_state, losses = run_chunk(
                 objective, config, capacity, collector, problem, params, opt_state, key, jnp.asarray(step),
-                jnp.asarray(count), learning_rate,
+                jnp.asarray(count), learning_rate, *frozen,
             )
             losses = np.asarray(losses)[..., :count]
             pace.record(count, time.perf_counter() - started)
@@ -488,10 +551,13 @@ def minimize(
             step += count
             _progress.advance(count)
             session.maybe_checkpoint(step, lambda: partial_now(params, opt_state, step))
+    if not finished and judge is not None and 0 < step < budget and step % config.steps == 0:
+        finished = settled(params)  # stopped by Ctrl-C just as a round ended
     losses = joined()
     if step == 0:
         raise Interrupted(f"{label}: interrupted before the first step finished", state_now(params, opt_state, 0))
-    return Minimized(params, losses, state_now(params, opt_state, step) if step < config.steps else None, opt_state[1])
+    finished = finished or step >= budget
+    return Minimized(params, losses, None if finished else state_now(params, opt_state, step), opt_state[1], stopped)
 
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
@@ -591,6 +657,42 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     return status, TrainingTrace(losses=np.asarray(losses), **result)
 
 
+def round_convergence(losses, steps: int, budget: int, **evidence) -> tuple[RunStatus, TrainingTrace]:
+    """:func:`loss_convergence` of a run trained in rounds of ``steps`` within ``budget`` steps
+    (see :func:`minimize`): the loss tests look at the latest ``steps`` losses, the latest round
+    (earlier rounds ended unsettled by construction); the trace keeps every loss. The run is
+    interrupted unless it reached the budget or ended a round that settled."""
+    losses = np.asarray(losses)
+    done = losses.shape[-1]
+    status, trace = loss_convergence(losses[-steps:], None, **evidence)
+    finished = done >= budget or (done % steps == 0 and status.converged)
+    if done >= budget > steps and not status.converged:
+        status = status._replace(
+            convergence=f"{status.convergence} — after {done} steps, the whole max_steps budget "
+            f"({-(-done // steps)} rounds of {steps})"
+        )
+    return status._replace(interrupted=not finished, steps_done=done), trace._replace(losses=losses)
+
+
+MAX_ROUNDS = 10  # default step budget of map and svi: this many rounds of ``steps``
+
+
+def budget_of(steps: int, max_steps: int | None) -> int:
+    """The step budget of a method with options ``steps`` and ``max_steps`` (None: ``MAX_ROUNDS`` rounds)."""
+    return int(MAX_ROUNDS * steps if max_steps is None else max_steps)
+
+
+def check_budget(method: str, steps: int, max_steps: int | None) -> None:
+    if max_steps is None:
+        return
+    check_positive_int(method, "max_steps", max_steps)
+    if max_steps < steps:
+        raise OptionError(
+            f"{method}: max_steps={max_steps} is below steps={steps}; max_steps is the budget a run that has not "
+            f"settled may use beyond steps — give max_steps ≥ steps (max_steps=steps trains exactly steps)"
+        )
+
+
 def _moved(start, end) -> bool:
     return any(bool(jnp.any(a != b)) for a, b in zip(jax.tree_util.tree_leaves(start), jax.tree_util.tree_leaves(end)))
 
@@ -602,6 +704,11 @@ class MAP(Method):
     ``optimizer="auto"`` takes L-BFGS with a zoom line search for full-batch data (it converges to
     machine precision on smooth problems; ``learning_rate`` is then unused) and Adam with a cosine
     schedule for minibatches.
+
+    Training runs until its convergence test passes, within a budget: after ``steps`` steps the
+    run is judged, and one that has not settled goes on in further rounds of ``steps`` (Adam's
+    cosine schedule restarts each round) until it settles or ``max_steps`` are done (None:
+    ``MAX_ROUNDS`` × ``steps``; ``max_steps=steps`` gives exactly ``steps``).
     """
 
     name = "map"
@@ -613,10 +720,12 @@ class MAP(Method):
     batch_size: int | None = None
     optimizer: str = "auto"
     init: str = "prior"
+    max_steps: int | None = None
 
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "steps", self.steps)
+        check_budget(self.name, self.steps, self.max_steps)
         check_positive(self.name, "learning_rate", self.learning_rate)
         check_choice(self.name, "optimizer", self.optimizer, OPTIMIZERS)
         check_choice(self.name, "init", self.init, INITS)
@@ -630,7 +739,10 @@ class MAP(Method):
         optimizer = self.optimizer
         if optimizer == "auto":
             optimizer = "adam" if self.batch_size is not None else "lbfgs"
-        return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size)
+        return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size, max_steps=self.budget())
+
+    def budget(self) -> int:
+        return budget_of(self.steps, self.max_steps)
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
@@ -643,8 +755,8 @@ class MAP(Method):
         start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
 
         def build(params, losses):
-            status, trace = loss_convergence(
-                losses, self.steps, moved=_moved(start, params), stochastic=config.batch_size is not None,
+            status, trace = round_convergence(
+                losses, self.steps, config.budget, moved=_moved(start, params), stochastic=config.batch_size is not None,
                 **gradient_evidence(objective, problem, params, run_key, start_norm),
             )
             return Posterior(
@@ -654,7 +766,7 @@ class MAP(Method):
 
         result = minimize(
             objective, config, problem, start, run_key, learning_rate=self.learning_rate, label="map",
-            session=session, build=build,
+            session=session, build=build, judge=lambda params, losses: build(params, losses).status.converged,
         )
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state

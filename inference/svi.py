@@ -62,8 +62,11 @@ from ppl.inference.optimize import (
     _full_gradient,
     _moved,
     gradient_evidence,
+    budget_of,
+    check_budget,
     loss_convergence,
     minimize,
+    round_convergence,
     stationarity,
 )
 
@@ -219,6 +222,7 @@ class SVI(Method):
     num_flows: int = 2
     flow_hidden: int | None = None
     local_reparam: bool = False
+    max_steps: int | None = None
 
     @classmethod
     def remedy(cls, posterior, topic):
@@ -240,6 +244,7 @@ class SVI(Method):
         for option in ("num_particles", "steps", "rank", "num_draws", "num_flows"):
             check_positive_int(self.name, option, getattr(self, option))
         check_positive_int(self.name, "kl_warmup", self.kl_warmup, allow_zero=True)
+        check_budget(self.name, self.steps, self.max_steps)
         check_positive(self.name, "learning_rate", self.learning_rate)
         if self.flow_hidden is not None:
             check_positive_int(self.name, "flow_hidden", self.flow_hidden)
@@ -376,7 +381,8 @@ class SVI(Method):
         start = guide.init(frame, factor_key)
         objective = GuideLoss(guide, self.objective_object(problem))
         delta = self.global_guide_name(problem) == "delta" and not problem.local_sites
-        config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size)
+        config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size,
+                                 max_steps=budget_of(self.steps, self.max_steps))
 
         if delta:
             # A delta guide is a MAP: its objective is deterministic on the full data, so judge it
@@ -395,7 +401,7 @@ class SVI(Method):
                 judged["stationary"] = stationarity(
                     objective, problem, params, check_key, loss_scale=float(np.mean(losses[-10:])) if len(losses) else 1.0
                 )
-            status, trace = loss_convergence(losses, self.steps, **judged)
+            status, trace = round_convergence(losses, self.steps, config.budget, **judged)
             if self.kl_warmup:
                 trace = trace._replace(kl_warmup=int(self.kl_warmup))
             posterior = Posterior(
@@ -411,6 +417,7 @@ class SVI(Method):
         result = minimize(
             objective, config, problem, start, run_key, learning_rate=self.learning_rate,
             label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
+            judge=lambda params, losses: build(params, losses).status.converged,
         )
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state

@@ -14,7 +14,11 @@ compiled SGD steps by :func:`~ppl.inference.optimize.minimize`'s collector; noth
 the host per step.
 
 The SGD objective is the negative log joint divided by N (per datum), so that ``learning_rate``
-has the scale the SWAG literature uses whatever the data size.
+has the scale the SWAG literature uses whatever the data size. The rate actually used is capped at
+1/λ, λ the largest curvature of that objective at the start (power iteration on Hessian-vector
+products): heavy-ball SGD with momentum β diverges on a quadratic once rate·λ > 2(1 + β), and a
+sharp MAP — a BNN whose learned noise scale fell to the training residual, 0.01 on UCI yacht —
+sent the default rate to NaN at the second step. The rate used is ``info["learning_rate_used"]``.
 """
 
 from __future__ import annotations
@@ -29,13 +33,15 @@ import numpy as np
 
 from ppl._checkpoint import Interrupted, Session
 from ppl._data import check_batch_size
-from ppl._errors import OptionError
+from ppl._errors import OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
+
+SHARPNESS_ITERATIONS = 30  # power iterations behind the learning-rate cap
 
 __all__ = ["SWAG", "MultiSWAG", "SwagMoments"]
 
@@ -77,6 +83,34 @@ class MeanNegativeLogJoint:
 
     def __call__(self, params, problem, key, batch, step=None):
         return -problem.log_joint(params, batch) / (problem.num_data or 1)
+
+
+@jax.jit
+def _sharpness(problem, u, key):
+    """|largest eigenvalue| of the Hessian of SWAG's per-datum objective at u (full batch)."""
+    grad = jax.grad(lambda p: MeanNegativeLogJoint()(p, problem, None, None))
+
+    def hvp(v):
+        return jax.jvp(grad, (u,), (v,))[1]
+
+    def body(_, v):
+        w = hvp(v)
+        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(u.dtype).tiny)
+
+    v = jax.random.normal(key, u.shape, u.dtype)
+    v = jax.lax.fori_loop(0, SHARPNESS_ITERATIONS, body, v / jnp.linalg.norm(v))
+    return jnp.abs(jnp.vdot(v, hvp(v)))
+
+
+def stable_rate(problem, starts, key, learning_rate: float) -> float:
+    """``learning_rate``, capped at 1/λ for λ the largest curvature at any of the starts."""
+    starts = starts.reshape(-1, starts.shape[-1])
+    # (split, not fold_in: the SGD steps already use fold_in(key, step) and fold_in(key, member))
+    keys = jax.random.split(key, starts.shape[0])
+    sharpest = max(float(_sharpness(problem, u, k)) for u, k in zip(starts, keys))
+    if not math.isfinite(sharpest) or sharpest <= 0.0:
+        return float(learning_rate)
+    return min(float(learning_rate), 1.0 / sharpest)
 
 
 @dataclass(frozen=True)
@@ -194,14 +228,17 @@ class SWAG(Method):
             # the checkpoint holds the SGD phase's whole state; the pre-training is not repeated
             shape = problem.init_params.shape if members is None else (members, *problem.init_params.shape)
             starts = jnp.zeros(shape, problem.init_params.dtype)
-            info = {k: session.resume.progress.get(k) for k in ("map_converged", "map_convergence")}
+            info = {k: session.resume.progress.get(k) for k in ("map_converged", "map_convergence", "learning_rate_used")}
+            if info["learning_rate_used"] is None:
+                raise ResumeError(f"{self.name}: the checkpoint does not record the SGD phase's learning rate; start afresh")
         else:
             starts, info = self._starts(map_key, problem, session.phase("pretrain", partial_results=False))
+            info["learning_rate_used"] = stable_rate(problem, starts, swag_key, self.learning_rate)
         config = OptimizerConfig("sgd", int(self.swag_steps), self.schedule, self._batch(problem), cycle=int(self.collect_every))
         result = minimize(
             MeanNegativeLogJoint(), config, problem, starts,
             swag_key if members is None else member_keys(swag_key, members),
-            learning_rate=self.learning_rate, label=self.name, members=members,
+            learning_rate=info["learning_rate_used"], label=self.name, members=members,
             collector=SwagMoments(int(self.collect_every), int(self.rank)),
             session=session.phase("swag", **{k: v for k, v in info.items() if v is not None}),
         )

@@ -74,6 +74,13 @@ def advance(steps: int, phase: int = 0) -> None:
         bar.advance(_STATE["tasks"][phase], int(steps))
 
 
+def extend(total: int, phase: int = 0) -> None:
+    """Raise bar ``phase``'s total to ``total`` steps (a run that continues past its planned length)."""
+    bar = _STATE["bar"]
+    if bar is not None:
+        bar.update(_STATE["tasks"][phase], total=int(total))
+
+
 def _host_tick(steps, phase) -> None:
     advance(int(steps), int(phase))
 

@@ -1,7 +1,9 @@
 """Offline datasets: scikit-learn's bundled files and seeded synthetic sets.
 
 ``load(name, seed=...)`` returns a :class:`Dataset` with standardised inputs (training-split
-statistics) and a seeded train/test split. Nothing is downloaded. ``load_file(path, target=...)``
+statistics) and a seeded train/test split. Nothing is downloaded. The nine UCI regression sets
+(``boston``, ``concrete``, ...: :data:`UCI_FOLDERS`) are read from a local copy with their canonical
+splits: ``load("concrete", split=3, root=FOLDER)`` or the ``PPL_DATA_DIR`` environment variable. ``load_file(path, target=...)``
 reads a CSV or .npz file (a CSV with more than two columns needs ``target``; see its docstring).
 The Dataset keeps the scaling it applied (``input_mean``/``input_std``, ``target_mean``/``target_std``)
 and, for text class labels, the labels in class order (``classes``).
@@ -23,7 +25,8 @@ import numpy as np
 from ppl._data import Split, check_finite, validate_supervised
 from ppl._errors import DataError
 
-__all__ = ["Dataset", "Split", "load", "load_file", "read_rows", "names", "DESCRIPTIONS", "rotate_images"]
+__all__ = ["Dataset", "Split", "load", "load_file", "read_rows", "names", "DESCRIPTIONS", "rotate_images", "UCI_FOLDERS",
+           "DATA_DIR_VARIABLE"]
 
 DESCRIPTIONS = {
     "breast_cancer": "Wisconsin breast cancer, 569 × 30, binary (scikit-learn)",
@@ -65,6 +68,8 @@ class Dataset:
         shifts: shifted test sets, ``((intensity, Split), ...)`` in increasing intensity, standardised
             like ``test`` (the first is usually the unshifted test set itself); None for datasets without.
         shift_name: what the intensity measures, e.g. "rotation (degrees)"; None without ``shifts``.
+        split: which canonical split of a UCI set this is (None for other sets); ``label`` names
+            the set with it ("concrete split 3").
     """
 
     name: str
@@ -83,6 +88,35 @@ class Dataset:
     classes: list[str] | None = None
     shifts: tuple[tuple[float, Split], ...] | None = None
     shift_name: str | None = None
+    split: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The dataset's name, with its split when it has one: ``"concrete split 3"``."""
+        return self.name if self.split is None else f"{self.name} split {self.split}"
+
+    def in_target_units(self, metrics: dict) -> dict:
+        """Regression metrics of ``ppl.evaluate`` on this Dataset converted from the standardised target
+        the model saw to the target's own units.
+
+        With y_std = (y − target_mean) / target_std, a density transforms as
+        log p(y) = log p(y_std) − log target_std, so ``nll`` gains ``log(target_std)``; ``rmse`` is
+        multiplied by ``target_std``; coverage does not change. Other keys are copied as they are.
+
+        >>> data = load("diabetes")  # doctest: +SKIP
+        >>> data.in_target_units(ppl.evaluate(post, data.test, seed=1))["rmse"]  # doctest: +SKIP
+        """
+        if self.task != "regression":
+            raise DataError(
+                f"in_target_units converts regression metrics; {self.label} is a {self.task} dataset, whose "
+                "metrics have no target units"
+            )
+        converted = dict(metrics)
+        if converted.get("nll") is not None:
+            converted["nll"] = float(converted["nll"]) + float(np.log(self.target_std))
+        if converted.get("rmse") is not None:
+            converted["rmse"] = float(converted["rmse"]) * float(self.target_std)
+        return converted
 
 
 def names() -> list[str]:
@@ -99,7 +133,10 @@ def _split(X, y, seed: int, test_fraction: float):
 def _standardise(train: np.ndarray, *others):
     """``(mean, std, [train, *others] standardised)`` with the training split's statistics."""
     mean, std = train.mean(axis=0), train.std(axis=0)
-    std = np.where(std > 0, std, 1.0)  # a constant column is centred, not divided by zero
+    # A constant column is centred, not divided by zero — nor by its std's rounding error (naval's
+    # constant 0.998 column has a computed std of 2e-13, which turned it into ±1 noise).
+    constant = np.ptp(train, axis=0) == 0
+    mean, std = np.where(constant, train[0], mean), np.where(constant | ~(std > 0), 1.0, std)
     return mean, std, [(a - mean) / std if a is not None else None for a in (train, *others)]
 
 
@@ -163,9 +200,27 @@ def _check_seed(seed) -> None:
         raise DataError(f"seed must be a non-negative integer, got {seed!r}")
 
 
-def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """Load dataset ``name`` with standardised inputs and a seeded train/test split."""
+def load(name: str, *, seed: int = 0, test_fraction: float = 0.2, split: int | None = None, root=None) -> Dataset:
+    """Load dataset ``name`` with standardised inputs and a seeded train/test split.
+
+    The UCI regression sets (:data:`UCI_FOLDERS`) come with their canonical splits instead: ``split``
+    (default 0) picks one, ``seed`` and ``test_fraction`` do not apply, and the data are read from
+    ``root`` (or the ``PPL_DATA_DIR`` environment variable), the folder that holds the sets' folders.
+    """
     _check_seed(seed)
+    if name in UCI_FOLDERS:
+        if test_fraction != 0.2:
+            raise DataError(
+                f"test_fraction={test_fraction!r}: the UCI set {name!r} comes with canonical train/test splits; "
+                "choose one with split=K instead"
+            )
+        return _load_uci(name, 0 if split is None else split, root)
+    if split is not None or root is not None:
+        given = ", ".join(f"{option}={value!r}" for option, value in (("split", split), ("root", root)) if value is not None)
+        raise DataError(
+            f"{given}: only the UCI sets ({', '.join(UCI_FOLDERS)}) have canonical splits and a data folder; "
+            f"{name!r} is split by seed= and test_fraction="
+        )
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
     if name == "rotated_digits":
@@ -285,6 +340,105 @@ def _rotated_digits(seed: int, test_fraction: float) -> Dataset:
         features=[str(f) for f in bunch.feature_names],
         shifts=shifts,
         shift_name="rotation (degrees)",
+    )
+
+
+# -- UCI regression sets ---------------------------------------------------------------------------
+
+DATA_DIR_VARIABLE = "PPL_DATA_DIR"
+# User names of the nine standard UCI regression sets -> their folders in the common layout
+# (Hernández-Lobato & Adams 2015): data.txt, index_features.txt, index_target.txt,
+# index_train_K.txt, index_test_K.txt, n_splits.txt.
+UCI_FOLDERS = {
+    "boston": "bostonHousing",
+    "concrete": "concrete",
+    "energy": "energy",
+    "kin8nm": "kin8nm",
+    "naval": "naval-propulsion-plant",
+    "power": "power-plant",
+    "protein": "protein-tertiary-structure",
+    "wine_quality": "wine-quality-red",
+    "yacht": "yacht",
+}
+DESCRIPTIONS.update({
+    "boston": "UCI Boston housing, 506 × 13, regression, 20 canonical splits (local copy: root= or PPL_DATA_DIR)",
+    "concrete": "UCI concrete strength, 1030 × 8, regression, 20 canonical splits (local copy)",
+    "energy": "UCI energy efficiency (heating load), 768 × 8, regression, 20 canonical splits (local copy)",
+    "kin8nm": "UCI kin8nm robot arm, 8192 × 8, regression, 20 canonical splits (local copy)",
+    "naval": "UCI naval propulsion (compressor decay), 11934 × 16, regression, 20 canonical splits (local copy)",
+    "power": "UCI combined-cycle power plant, 9568 × 4, regression, 20 canonical splits (local copy)",
+    "protein": "UCI protein tertiary structure, 45730 × 9, regression, 5 canonical splits (local copy)",
+    "wine_quality": "UCI red wine quality, 1599 × 11, regression, 20 canonical splits (local copy)",
+    "yacht": "UCI yacht hydrodynamics, 308 × 6, regression, 20 canonical splits (local copy)",
+})
+_UCI_HOW = (
+    f"pass root=FOLDER (the folder holding {', '.join(UCI_FOLDERS.values())}) or set the {DATA_DIR_VARIABLE} "
+    "environment variable to it; ppl never downloads data"
+)
+
+
+def _uci_folder(name: str, root) -> Path:
+    """The set's folder under ``root`` or ``$PPL_DATA_DIR``, or an error saying how to supply it."""
+    import os
+
+    if root is None:
+        env = os.environ.get(DATA_DIR_VARIABLE)
+        if not env:
+            raise DataError(f"the UCI set {name!r} is read from a local copy, and none was given: {_UCI_HOW}")
+        root, where = Path(env), f"{DATA_DIR_VARIABLE}={env}"
+    else:
+        root, where = Path(root), f"root={str(root)!r}"
+    folder = root / UCI_FOLDERS[name]
+    if not folder.is_dir():
+        raise DataError(f"the UCI set {name!r} needs the folder {folder} (from {where}), which does not exist; {_UCI_HOW}")
+    return folder
+
+
+def _uci_ints(path: Path, what: str) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(f"{path} ({what}) does not exist; the UCI folder is incomplete — {_UCI_HOW}")
+    try:
+        values = np.loadtxt(path, ndmin=1)
+    except ValueError as error:
+        raise DataError(f"{path} ({what}) is not a list of integers, one a line ({error})") from None
+    if values.size == 0 or np.any(values != np.round(values)) or np.any(values < 0):
+        raise DataError(f"{path} ({what}) must hold non-negative integers, one a line")
+    return values.astype(np.int64)
+
+
+def _load_uci(name: str, split, root) -> Dataset:
+    """One canonical split of a UCI set, inputs and target standardised with the training rows' statistics."""
+    folder = _uci_folder(name, root)
+    (num_splits,) = _uci_ints(folder / "n_splits.txt", "the number of splits")[:1]
+    if isinstance(split, bool) or not isinstance(split, (int, np.integer)) or not 0 <= split < num_splits:
+        raise DataError(f"split={split!r} for the UCI set {name!r}: valid splits are 0 to {num_splits - 1} ({folder})")
+    data_path = folder / "data.txt"
+    if not data_path.is_file():
+        raise DataError(f"{data_path} (the data rows) does not exist; the UCI folder is incomplete — {_UCI_HOW}")
+    try:
+        rows = np.loadtxt(data_path, ndmin=2)
+    except ValueError as error:
+        raise DataError(f"{data_path} is not whitespace-separated numbers ({error})") from None
+    features = _uci_ints(folder / "index_features.txt", "the input columns")
+    (target,) = _uci_ints(folder / "index_target.txt", "the target column")[:1]
+    train = _uci_ints(folder / f"index_train_{split}.txt", f"the training rows of split {split}")
+    test = _uci_ints(folder / f"index_test_{split}.txt", f"the test rows of split {split}")
+    for what, index, size in (("input column", features, rows.shape[1]), ("target column", np.array([target]), rows.shape[1]),
+                              (f"training row of split {split}", train, rows.shape[0]),
+                              (f"test row of split {split}", test, rows.shape[0])):
+        if np.any(index >= size):
+            raise DataError(f"{folder}: a {what} index, {int(index.max())}, is beyond the data's {size} (counted from 0)")
+    check_finite(f"{data_path}", rows[:, np.append(features, target)])
+    X, y = rows[:, features], rows[:, target]
+    input_mean, input_std, (X_train, X_test) = _standardise(X[train], X[test])
+    target_mean, target_std = float(y[train].mean()), float(y[train].std())
+    if not target_std > 0:
+        raise DataError(f"{folder}: the target is constant over the training rows of split {split}; nothing to regress")
+    return Dataset(
+        name=name, task="regression",
+        train=Split(X_train, (y[train] - target_mean) / target_std),
+        test=Split(X_test, (y[test] - target_mean) / target_std),
+        target_mean=target_mean, target_std=target_std, input_mean=input_mean, input_std=input_std, split=int(split),
     )
 
 

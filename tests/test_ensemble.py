@@ -27,7 +27,7 @@ def test_members_do_not_depend_on_the_ensemble_size_and_member_zero_is_map(cance
     # (A long L-BFGS run on a non-convex network amplifies last-bit differences between the batched
     # and the single program — 2e-16 after one step, 5e-13 after 30 — so it is not compared there.)
     model = BNN(hidden=(8,), likelihood="bernoulli")
-    opts = dict(optimizer="adam", batch_size=64, steps=200)
+    opts = dict(optimizer="adam", batch_size=64, steps=200, max_steps=200)
     three = ppl.fit(model, cancer.train, method="ensemble", seed=0, num_members=3, **opts)
     five = ppl.fit(model, cancer.train, method="ensemble", seed=0, num_members=5, **opts)
     np.testing.assert_allclose(np.asarray(three.flat_draws), np.asarray(five.flat_draws[:3]), atol=1e-12)

@@ -465,7 +465,8 @@ def test_cli_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, monkeypa
 
 # -- 4 and 6. no silent wrong answers --------------------------------------------------------------
 def test_a_collapsed_guide_fails_ok(linear_model, linear_data):
-    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, learning_rate=10.0)
+    # One round (max_steps=steps): further rounds, with the cosine restarted, rescue this run.
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, learning_rate=10.0, max_steps=5000)
     assert float(post.approximation.cov.scale.min()) < 1e-15  # collapsed, as reported
     diag = post.diagnostics()
     assert not diag.ok and diag.khat > diag.khat_threshold

@@ -72,7 +72,8 @@ def test_svi_starts_from_a_given_posterior(linear_model, linear_data, linear_tru
     # first step moves each frame coordinate by exactly learning_rate = 0.01, so after one step the
     # mean is within ~0.01 sd per coordinate (0.02 allows for the frame's rotation) and the sds within
     # e^0.01 plus the off-diagonal moves (3%).
-    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, init=exact, guide="full_rank", steps=1)
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, init=exact, guide="full_rank", steps=1,
+                   max_steps=1)
     assert post.info["start"] == "started at the given exact Gaussian"
     sd = np.sqrt(np.diag(linear_truth["cov"]))
     q = post.approximation
