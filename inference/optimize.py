@@ -437,9 +437,10 @@ def minimize(
     capacity = max(1, min(CHUNK_CAPACITY, config.steps))
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
     opt_state = _init_state(config, params, learning_rate, members=members is not None, collector=collector)
-    run_chunk = _run_chunk if members is None else _run_members_chunk
     devices = None if members is None else _member_devices(int(members))
-    if devices is not None and len(devices) > 1:
+    if devices is None or len(devices) == 1:
+        run_chunk = _run_chunk if members is None else _run_members_chunk
+    else:
         # Chunks run on all the devices; everything between them stays on the first one.
         on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
 
