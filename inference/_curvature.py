@@ -43,7 +43,8 @@ from ppl._errors import OptionError
 
 __all__ = [
     "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",
-    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn",
+    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn", "group_slices",
+    "network_mask", "last_layer_index",
 ]
 
 CHUNK_BYTES = 64 * 2**20  # the per-input Jacobians of one chunk of data stay below this
@@ -66,10 +67,8 @@ def network_params(problem, u, base: dict) -> dict:
     real-valued, so their transform is the identity) over ``base`` (the other sites, e.g. σ)."""
     flat = problem.unravel(u)
     params = dict(base)
-    for layer in problem.layers():
-        for name in (layer.weight, layer.bias):
-            if name is not None:
-                params[name] = flat[name]
+    for name in problem.network_sites():
+        params[name] = flat[name]
     return params
 
 
@@ -219,6 +218,49 @@ def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 
     values, vectors = jnp.linalg.eigh(0.5 * (projected + projected.T))
     top = jnp.argsort(values)[::-1][:rank]
     return basis @ vectors[:, top], jnp.maximum(values[top], 0.0)
+
+
+def _site_offsets(problem) -> dict:
+    offsets, start = {}, 0
+    for site in problem.sites:
+        offsets[site.name] = (start, site.size)
+        start += site.size
+    return offsets
+
+
+def group_slices(problem) -> list:
+    """(start, size) for each parameter group (a dense layer: its weights and bias), where its
+    coordinates lie in u. A group's sites are adjacent in u (models declare them one after another)."""
+    offsets, out = _site_offsets(problem), []
+    for name, sites in problem.parameter_groups():
+        starts = [offsets[site][0] for site in sites]
+        ends = [offsets[site][0] + offsets[site][1] for site in sites]
+        size = sum(offsets[site][1] for site in sites)
+        if max(ends) - min(starts) != size:
+            raise OptionError(f"the parameters of layer {name!r} ({', '.join(sites)}) are not adjacent in the parameter vector")
+        out.append((min(starts), size))
+    return out
+
+
+def network_mask(problem) -> "np.ndarray":
+    """(P,) flags of the network's weights and biases in u (the rest: a noise scale)."""
+    import numpy as np
+
+    mask = np.zeros(problem.num_params, bool)
+    for start, size in group_slices(problem):
+        mask[start : start + size] = True
+    return mask
+
+
+def last_layer_index(problem):
+    """The flat coordinates of the output layer, or None when the model does not know which it is."""
+    import numpy as np
+
+    sites = problem.last_layer_sites()
+    if sites is None:
+        return None
+    offsets = _site_offsets(problem)
+    return np.sort(np.concatenate([np.arange(offsets[s][0], offsets[s][0] + offsets[s][1]) for s in sites]))
 
 
 def layer_slices(problem) -> list:

@@ -507,10 +507,13 @@ class Posterior:
                 "predict needs a declarative model from ppl.models; for a plain NumPyro function use "
                 "numpyro.infer.Predictive(model, posterior_samples=post.sample(n, seed=...))"
             )
-        X = jnp.asarray(validate_inputs(X), dtype=self.problem.data[0].dtype)
-        if X.shape[1] != self.problem.data[0].shape[1]:
+        any_rank = getattr(self.problem.model, "accepts_array_inputs", False)
+        X = jnp.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
+        if X.shape[1:] != self.problem.data[0].shape[1:]:
+            what = "features" if X.ndim == 2 else "as its per-row shape"
             raise OptionError(
-                f"X has {X.shape[1]} features but the model was fitted on {self.problem.data[0].shape[1]}"
+                f"X has {X.shape[1:] if X.ndim > 2 else X.shape[1]} {what} but the model was fitted on "
+                f"{self.problem.data[0].shape[1:] if X.ndim > 2 else self.problem.data[0].shape[1]}"
             )
         key = as_key(seed)
         gaussian = self.has_density and (
