@@ -154,8 +154,11 @@ class Network(SupervisedModel):
         prior: a ``ppl.models.priors`` object; ``PerLayer`` counts the parameter groups in tree
             order, ``FanIn`` reads each weight's fan-in from its shape (all axes but the last).
         noise_scale: fixed Gaussian noise σ, or None to learn it (a ``sigma`` site).
-        last_layer: the path prefix of the output layer's parameters (``"dense_2"``): the
-            coordinates that ``laplace`` with ``subset="last_layer"`` (and ``mola``) cover.
+        last_layer: the path prefix of the output layer's parameters (``"dense_2"``), or a tuple
+            of prefixes: the coordinates that ``laplace`` with ``subset="last_layer"`` (and
+            ``mola``) cover. A prefix matches whole path components (``"dense"`` does not match
+            ``"dense_2.kernel"``). Without it the output layer is unknown: ``laplace`` then
+            defaults to ``subset="all"`` and refuses ``"last_layer"``.
 
     >>> import jax.numpy as jnp
     >>> from ppl.models import Network
@@ -172,7 +175,7 @@ class Network(SupervisedModel):
     prior_scale: float = 1.0
     prior: Prior | None = None
     noise_scale: float | None = None
-    last_layer: str | None = None
+    last_layer: str | tuple | None = None
     num_classes: int | None = None
     num_outputs: int | None = None
     # derived from the template: what equality, hashing and compiled programs depend on
@@ -215,10 +218,18 @@ class Network(SupervisedModel):
                 f"Network.prior is PerLayer with {len(self.prior.scales)} scales but the template has {len(groups)} "
                 f"parameter groups ({', '.join(groups)}); give one scale per group, in that order"
             )
+        if isinstance(self.last_layer, list):
+            object.__setattr__(self, "last_layer", tuple(self.last_layer))
         if self.last_layer is not None:
-            if not isinstance(self.last_layer, str) or not self._last_names():
+            prefixes = (self.last_layer,) if isinstance(self.last_layer, str) else self.last_layer
+            if not isinstance(prefixes, tuple) or not prefixes or not all(isinstance(p, str) for p in prefixes):
                 raise OptionError(
-                    f"Network.last_layer={self.last_layer!r} matches no parameter; it is a path prefix of the output "
+                    f"Network.last_layer must be a path prefix (a string) or a tuple of them, got {self.last_layer!r}"
+                )
+            missing = [p for p in prefixes if not any(n == p or n.startswith(p + ".") for n in self.site_names)]
+            if missing:
+                raise OptionError(
+                    f"Network.last_layer={missing[0]!r} matches no parameter; it is a path prefix of the output "
                     f"layer's leaves — one of the groups {', '.join(map(repr, groups))}"
                 )
         if self.num_classes is not None and (self.likelihood != "categorical" or int(self.num_classes) < 2):
@@ -230,8 +241,8 @@ class Network(SupervisedModel):
         return tuple(leaf.name for leaf in self.leaves)
 
     def _last_names(self) -> tuple:
-        prefix = self.last_layer
-        return tuple(n for n in self.site_names if n == prefix or n.startswith(prefix + "."))
+        prefixes = (self.last_layer,) if isinstance(self.last_layer, str) else tuple(self.last_layer)
+        return tuple(n for n in self.site_names if any(n == p or n.startswith(p + ".") for p in prefixes))
 
     def network_sites(self, input_dim=None) -> tuple:
         return self.site_names
