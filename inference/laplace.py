@@ -590,13 +590,17 @@ def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
     if layers is not None and hessian in ("full", "diag") and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last)):
         # exactly the last layer: its Jacobian is known in closed form (φ̃ ⊗ I)
         return curvature.last_layer_ggn(problem, u, hessian, curvature.chunk_rows(outputs * outputs, width))
+    # the sites holding the free coordinates: derivatives skip every other layer
+    columns = np.zeros(problem.num_params, bool)
+    columns[np.asarray(index)] = True
+    sites = tuple(problem.sites_of(columns))
     if hessian in ("full", "diag"):
-        return curvature.ggn(problem, u, index_arr, hessian, rows)
+        return curvature.ggn(problem, u, index_arr, hessian, rows, sites)
     if hessian == "kfac":
         factors = curvature.kfac_factors(problem, u, curvature.chunk_rows(outputs, max(r * c for _, r, c in layers)))
         starts = {start for start, _, _ in _free_layers(layers, index)}
         return [f for f, (start, _, _) in zip(factors, layers) if start in starts]
-    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows)
+    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows, sites=sites)
 
 
 # -- marginal likelihood over the prior precision (and σ) --------------------------------------------

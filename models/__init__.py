@@ -8,11 +8,12 @@ from __future__ import annotations
 from ppl.models import priors
 from ppl.models._base import Layer, SupervisedModel
 from ppl.models.bnn import BNN
+from ppl.models.cnn import CNN
 from ppl.models.network import Network
 from ppl.models.regression import LinearRegression, LogisticRegression
 from ppl.models.vae import VAE
 
-__all__ = ["BNN", "Network", "VAE", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
+__all__ = ["BNN", "CNN", "Network", "VAE", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
 
 _CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression, VAE)}
 

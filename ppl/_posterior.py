@@ -70,16 +70,16 @@ def _outputs_many(problem, flat, X):
     return jax.lax.map(lambda u: _outputs(problem, u, X), flat, batch_size=_CHUNK)
 
 
-@jax.jit
-def _output_moments(problem, family, X):
+@partial(jax.jit, static_argnames=("sites",))
+def _output_moments(problem, family, X, sites=None):
     """Mean f(μ) (B, C) and covariance J Σ Jᵀ (B, C, C) of the network linearised at the mean of a
-    Gaussian ``family``; the Jacobians are taken over its free coordinates only."""
+    Gaussian ``family``; the Jacobians are taken over its free coordinates only (held by ``sites``)."""
     from ppl.inference import _curvature as curvature
 
     u = family.loc
     base = problem.constrain(u)
     f = curvature._network(problem, u, base, X)
-    jac = curvature.output_jacobians(problem, u, X, family.active_index, base)
+    jac = curvature.output_jacobians(problem, u, X, family.active_index, base, sites)
     return f, family.output_covariance(jac)
 
 
@@ -92,13 +92,18 @@ def _linearized_outputs(problem, family, X):
     free = problem.num_params if index is None else int(index.shape[0])
     outputs = problem.model.output_dim()
     rows = min(X.shape[0], curvature.chunk_rows(outputs, free))
+    sites = None
+    if index is not None:
+        columns = np.zeros(problem.num_params, bool)
+        columns[np.asarray(index)] = True
+        sites = tuple(problem.sites_of(columns))
     means, covs = [], []
     for start in range(0, X.shape[0], rows):
         part = X[start : start + rows]
         short = rows - part.shape[0]
         if short:
             part = jnp.concatenate([part, jnp.repeat(part[-1:], short, axis=0)])
-        f, cov = jax.device_get(_output_moments(problem, family, part))
+        f, cov = jax.device_get(_output_moments(problem, family, part, sites))
         means.append(f[: rows - short])
         covs.append(cov[: rows - short])
     return np.concatenate(means), np.concatenate(covs)

@@ -163,9 +163,14 @@ def _check_seed(seed) -> None:
         raise DataError(f"seed must be a non-negative integer, got {seed!r}")
 
 
-def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
-    """Load dataset ``name`` with standardised inputs and a seeded train/test split."""
+def load(name: str, *, seed: int = 0, test_fraction: float = 0.2, images: bool = False) -> Dataset:
+    """Load dataset ``name`` with standardised inputs and a seeded train/test split.
+
+    ``images=True`` (``digits`` only) gives the inputs as images (N, 8, 8, 1), for convolutional
+    networks; the rows, split and per-pixel standardisation are those of the flat (N, 64) inputs."""
     _check_seed(seed)
+    if images is not False and (images is not True or name != "digits"):
+        raise DataError(f"images=True applies to the 'digits' dataset only (got name={name!r}, images={images!r})")
     if not 0.0 < test_fraction < 1.0:
         raise DataError(f"test_fraction must lie in (0, 1), got {test_fraction!r}")
     if name == "rotated_digits":
@@ -187,6 +192,8 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Dataset:
     num_classes = int(np.max(y)) + 1 if task == "classification" else None
     if task in ("classification", "unsupervised"):
         y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
+    if images:  # row-major 8 × 8 pixels, one channel
+        X_train, X_test = X_train.reshape(-1, 8, 8, 1), X_test.reshape(-1, 8, 8, 1)
     return Dataset(
         name=name,
         task=task,
