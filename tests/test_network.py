@@ -257,3 +257,11 @@ def test_structure_it_does_not_have_is_refused():
         ppl.fit(plain, (X, y), method="svi", seed=0, local_reparam=True, steps=10)
     with pytest.raises(ValueError, match="apply_fn is code"):
         ppl.models.from_config(compile_problem(plain, (X, y)).model.to_config())
+
+
+def test_a_saved_network_run_keeps_its_record_but_is_never_rebuilt(tmp_path):
+    X, y = _data("bernoulli")
+    post = ppl.fit(Network(mlp, template(3, 1), likelihood="bernoulli"), (X, y), method="map", seed=0, steps=50)
+    post.save(tmp_path / "run")
+    with pytest.raises(ppl.RunError, match="apply_fn is code"):
+        ppl.load(tmp_path / "run")
