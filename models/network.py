@@ -31,7 +31,7 @@ import numpyro
 
 from ppl._errors import DataError, OptionError
 from ppl.models._base import LIKELIHOODS, OBSERVED_SITE, SupervisedModel, check_choice, check_scale
-from ppl.models.priors import Isotropic, PerLayer, Prior, ScaleMixture
+from ppl.models.priors import FanIn, Isotropic, PerLayer, Prior, ScaleMixture
 
 __all__ = ["Network", "Leaf"]
 
@@ -374,6 +374,60 @@ class Network(SupervisedModel):
         }
         return {"class": "Network", "fields": fields}
 
+    # -- adapters (optional extras: pip install "ppl[flax]" or "ppl[equinox]") ----------------------------
+    @classmethod
+    def from_flax(cls, module, example_input, **options) -> "Network":
+        """A Network from a Flax Linen module: its ``params`` collection is the template and
+        ``module.apply({"params": params}, X)`` the network. Sites are named by Flax's own paths
+        (``Dense_0.kernel``); ``options`` are Network's (``likelihood``, ``prior``, ``last_layer``...).
+
+        Modules with other variable collections (``batch_stats``, caches) are refused: ppl's
+        posterior covers parameters only. Flax initialises the template with a fixed key; its
+        values are not used.
+        """
+        try:
+            import flax.linen as linen
+        except ImportError:
+            raise OptionError("Network.from_flax needs Flax: pip install flax (or the 'flax' extra of ppl)") from None
+        if not isinstance(module, linen.Module):
+            raise OptionError(
+                f"Network.from_flax takes a flax.linen Module, got {type(module).__name__}; for another kind of "
+                "network pass Network(apply_fn, params_template) yourself"
+            )
+        variables = module.init(jax.random.PRNGKey(0), jnp.asarray(example_input, dtype=jnp.result_type(float)))
+        others = sorted(set(variables) - {"params"})
+        if others:
+            raise OptionError(
+                f"Network.from_flax: {type(module).__name__} has variable collections {others} besides 'params'; "
+                "ppl infers parameters only — remove the mutable state (e.g. BatchNorm) from the module"
+            )
+        if "params" not in variables:
+            raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
+        return cls(_FlaxApply(module), variables["params"], **options)
+
+    @classmethod
+    def from_equinox(cls, module, *, batched: bool = False, **options) -> "Network":
+        """A Network from an Equinox module: its floating-point arrays are the parameters (named by
+        attribute path, e.g. ``layers.0.weight``), everything else is held fixed. Equinox layers
+        take one example, so the module is mapped over the rows of X unless ``batched=True``.
+
+        Equinox stores a linear layer's weight as (out, in), so the fan-in rule of ``FanIn``
+        (all axes but the last) does not fit it; use ``Isotropic`` or ``PerLayer`` priors.
+        """
+        try:
+            import equinox as eqx
+        except ImportError:
+            raise OptionError("Network.from_equinox needs Equinox: pip install equinox (or the 'equinox' extra of ppl)") from None
+        if not isinstance(module, eqx.Module):
+            raise OptionError(f"Network.from_equinox takes an equinox.Module, got {type(module).__name__}")
+        if isinstance(options.get("prior"), FanIn):
+            raise OptionError(
+                "Network.from_equinox: a FanIn prior reads fan-in from the last axis but Equinox weights are "
+                "(out, in); use Isotropic or PerLayer"
+            )
+        params, static = eqx.partition(module, eqx.is_inexact_array)
+        return cls(_EquinoxApply(static, bool(batched)), params, **options)
+
     # -- the NumPyro program ------------------------------------------------------------------------------
     def __call__(self, X, y=None):
         params = {}
@@ -383,3 +437,27 @@ class Network(SupervisedModel):
             )
         params.update(self._sample_noise())
         return self._observe(X, y, params)
+
+
+@dataclass(frozen=True)
+class _FlaxApply:
+    """``(params, X) -> module.apply({"params": params}, X)``, hashable by the module's value."""
+
+    module: Any
+
+    def __call__(self, params, X):
+        return self.module.apply({"params": params}, X)
+
+
+@dataclass(frozen=True)
+class _EquinoxApply:
+    """The Equinox module rebuilt from the parameters and its fixed part, called on X."""
+
+    static: Any
+    batched: bool
+
+    def __call__(self, params, X):
+        import equinox as eqx
+
+        model = eqx.combine(params, self.static)
+        return model(X) if self.batched else jax.vmap(model)(X)
