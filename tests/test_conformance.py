@@ -1,20 +1,23 @@
 """Conformance over the method registry (never a hand list): a method is tested once registered.
 
-Every method runs with its default options on the conjugate linear-regression fixture.
+Every method runs with its default options on the conjugate linear-regression fixture, and once
+more on the same model written as a user's ``Network`` (a plain apply function over a pytree).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import flat_params
+from conftest import NOISE, PRIOR, flat_params
 
 import ppl
 from ppl._problem import trace_count
 from ppl.diagnostics import _arviz
 from ppl.inference.registry import METHODS
+from ppl.models import Network
 
 FIT_CACHE: dict = {}
 
@@ -100,11 +103,6 @@ def _lands(post, linear_truth):
 
 def _linear_network(D):
     """LinearRegression written as a Network over a plain apply function: the same sites w (D,), b ()."""
-    import jax.numpy as jnp
-
-    from conftest import NOISE, PRIOR
-    from ppl.models import Network
-
     return Network(_linear_apply, {"w": jnp.zeros(D), "b": jnp.zeros(())}, likelihood="gaussian",
                    prior_scale=PRIOR, noise_scale=NOISE, last_layer=("w", "b"))
 
