@@ -48,7 +48,7 @@ def _traced(posterior) -> dict:
     (the weights themselves are unidentifiable: chains in relabelled modes are not a failure), else
     the parameters."""
     problem = posterior.problem
-    if problem is not None and problem.is_declarative and len(problem.layers()) > 1:
+    if problem is not None and problem.is_declarative and len(problem.parameter_groups()) > 1:
         functions = np.asarray(posterior.function_draws(), dtype=float)
         return {"f(probe)": functions.reshape(functions.shape[0], functions.shape[1], -1)}
     return posterior.draws

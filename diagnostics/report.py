@@ -18,7 +18,7 @@ MIN_CHAIN_DRAWS = 4  # rank-normalised split R-hat and ESS need at least this ma
 
 
 def _has_hidden_layers(problem) -> bool:
-    return problem.is_declarative and len(problem.layers()) > 1
+    return problem.is_declarative and len(problem.parameter_groups()) > 1
 
 
 def _judged_in_function_space(problem) -> bool:
@@ -447,7 +447,7 @@ def _dims(posterior, loglik_name: str) -> dict:
     if loglik_name != "y" and posterior.problem.is_declarative:
         dims["y"] = ["obs_id"]
     problem = posterior.problem
-    if problem.is_declarative:
+    if problem.is_declarative and problem.model.dense:
         for layer in problem.layers():
             if posterior.draws[layer.weight].ndim == 4:
                 dims[layer.weight] = [f"{layer.weight}_in", f"{layer.weight}_out"]

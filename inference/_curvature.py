@@ -43,7 +43,8 @@ from ppl._errors import OptionError
 
 __all__ = [
     "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",
-    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn",
+    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn", "group_slices",
+    "network_mask", "last_layer_index",
 ]
 
 CHUNK_BYTES = 64 * 2**20  # the per-input Jacobians of one chunk of data stay below this
@@ -61,15 +62,19 @@ def wide(dtype):
     return jnp.promote_types(dtype, jax.dtypes.canonicalize_dtype(jnp.float64))
 
 
-def network_params(problem, u, base: dict) -> dict:
+def network_params(problem, u, base: dict, held=None, sites=None) -> dict:
     """Constrained parameters at ``u``: the network's weights read straight from ``u`` (they are
-    real-valued, so their transform is the identity) over ``base`` (the other sites, e.g. σ)."""
+    real-valued, so their transform is the identity) over ``base`` (the other sites, e.g. σ).
+
+    With ``sites`` (names) only those are read from ``u``; the other weights come from ``held``
+    as constants, so derivatives in ``u`` never flow through them. A Jacobian over a few layers
+    then costs what those layers cost: per-input gradients of a convolution's kernel, which the
+    derivative would otherwise form and discard, are by far the largest arrays of such a pass."""
     flat = problem.unravel(u)
+    fixed = flat if held is None else problem.unravel(held)
     params = dict(base)
-    for layer in problem.layers():
-        for name in (layer.weight, layer.bias):
-            if name is not None:
-                params[name] = flat[name]
+    for name in problem.network_sites():
+        params[name] = flat[name] if sites is None or name in sites else jax.lax.stop_gradient(fixed[name])
     return params
 
 
@@ -77,9 +82,9 @@ def _as_matrix(f):
     return f[:, None] if f.ndim == 1 else f
 
 
-def _network(problem, u, base, X):
-    """Outputs (B, C) of the network at flat ``u``."""
-    return _as_matrix(problem.apply(network_params(problem, u, base), X))
+def _network(problem, u, base, X, held=None, sites=None):
+    """Outputs (B, C) of the network at flat ``u`` (only ``sites`` read from u, see network_params)."""
+    return _as_matrix(problem.apply(network_params(problem, u, base, held, sites), X))
 
 
 def linearize(problem, u, X):
@@ -92,14 +97,15 @@ def _with_free(u, index, free):
     return free if index is None else u.at[index].set(free)
 
 
-def output_jacobians(problem, u, X, index=None, base=None):
+def output_jacobians(problem, u, X, index=None, base=None, sites=None):
     """Per-input Jacobians (B, C, k) of the network outputs at inputs X over the coordinates
-    ``index`` of u (all when None), every other coordinate held at u."""
+    ``index`` of u (all when None), every other coordinate held at u. ``sites``: the names of the
+    sites that hold ``index`` (None: any may), so that the others are held as constants."""
     base = problem.constrain(u) if base is None else base
     free = u if index is None else u[index]
 
     def one(v, x):
-        return _network(problem, _with_free(u, index, v), base, x[None])[0]
+        return _network(problem, _with_free(u, index, v), base, x[None], u, sites)[0]
 
     return jax.vmap(jax.jacrev(one), in_axes=(None, 0))(free, X)
 
@@ -127,8 +133,8 @@ def _hessian_root(problem, u, base, X, mask):
     return problem.model.output_hessian_sqrt(f, base) * mask[:, None, None]
 
 
-@partial(jax.jit, static_argnames=("structure", "rows"))
-def ggn(problem, u, index, structure: str, rows: int):
+@partial(jax.jit, static_argnames=("structure", "rows", "sites"))
+def ggn(problem, u, index, structure: str, rows: int, sites=None):
     """Σ_n J_nᵀ Λ_n J_n over the coordinates ``index`` (all when None): the dense matrix for
     ``structure="full"``, its diagonal for ``"diag"``; summed over the training data in chunks."""
     X, y = problem.data
@@ -138,7 +144,7 @@ def ggn(problem, u, index, structure: str, rows: int):
 
     def add(total, chunk):
         x, _, m = chunk
-        jac = output_jacobians(problem, u, x, index, base)  # (B, C, k)
+        jac = output_jacobians(problem, u, x, index, base, sites)  # (B, C, k)
         root = _hessian_root(problem, u, base, x, m)  # (B, C, C)
         acc = total.dtype
         scaled = jnp.einsum("bcp,bcd->bdp", jac.astype(acc), root.astype(acc))  # Lᵀ J
@@ -182,7 +188,7 @@ def last_layer_ggn(problem, u, structure: str, rows: int):
     return jax.lax.scan(add, zero, (Xc, yc, mc))[0]
 
 
-def ggn_vp(problem, u, index, vectors, rows: int):
+def ggn_vp(problem, u, index, vectors, rows: int, sites=None):
     """GGN · V for V (k, m) over the coordinates ``index``, matrix-free (one JVP and one VJP per
     chunk of data and column), summed over the training data."""
     X, y = problem.data
@@ -193,7 +199,7 @@ def ggn_vp(problem, u, index, vectors, rows: int):
     def add(total, chunk):
         x, _, m = chunk
         root = _hessian_root(problem, u, base, x, m)
-        fn = lambda v: _network(problem, _with_free(u, index, v), base, x)  # noqa: E731
+        fn = lambda v: _network(problem, _with_free(u, index, v), base, x, u, sites)  # noqa: E731
         _, pullback = jax.vjp(fn, free)
 
         def one(v):
@@ -206,19 +212,62 @@ def ggn_vp(problem, u, index, vectors, rows: int):
     return jax.lax.scan(add, jnp.zeros_like(vectors), (Xc, yc, mc))[0]
 
 
-@partial(jax.jit, static_argnames=("rank", "rows", "oversample", "iterations"))
-def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 10, iterations: int = 3):
+@partial(jax.jit, static_argnames=("rank", "rows", "oversample", "iterations", "sites"))
+def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 10, iterations: int = 3, sites=None):
     """The top ``rank`` eigenpairs (vectors (k, rank), values (rank,)) of the GGN over ``index``,
     by randomised subspace iteration (Halko, Martinsson & Tropp 2011) on :func:`ggn_vp` products."""
     k = u.shape[0] if index is None else index.shape[0]
     width = min(k, rank + oversample)
     basis, _ = jnp.linalg.qr(jax.random.normal(key, (k, width), wide(u.dtype)))
     for _ in range(iterations):
-        basis, _ = jnp.linalg.qr(ggn_vp(problem, u, index, basis, rows))
-    projected = basis.T @ ggn_vp(problem, u, index, basis, rows)
+        basis, _ = jnp.linalg.qr(ggn_vp(problem, u, index, basis, rows, sites))
+    projected = basis.T @ ggn_vp(problem, u, index, basis, rows, sites)
     values, vectors = jnp.linalg.eigh(0.5 * (projected + projected.T))
     top = jnp.argsort(values)[::-1][:rank]
     return basis @ vectors[:, top], jnp.maximum(values[top], 0.0)
+
+
+def _site_offsets(problem) -> dict:
+    offsets, start = {}, 0
+    for site in problem.sites:
+        offsets[site.name] = (start, site.size)
+        start += site.size
+    return offsets
+
+
+def group_slices(problem) -> list:
+    """(start, size) for each parameter group (a dense layer: its weights and bias), where its
+    coordinates lie in u. A group's sites are adjacent in u (models declare them one after another)."""
+    offsets, out = _site_offsets(problem), []
+    for name, sites in problem.parameter_groups():
+        starts = [offsets[site][0] for site in sites]
+        ends = [offsets[site][0] + offsets[site][1] for site in sites]
+        size = sum(offsets[site][1] for site in sites)
+        if max(ends) - min(starts) != size:
+            raise OptionError(f"the parameters of layer {name!r} ({', '.join(sites)}) are not adjacent in the parameter vector")
+        out.append((min(starts), size))
+    return out
+
+
+def network_mask(problem) -> "np.ndarray":
+    """(P,) flags of the network's weights and biases in u (the rest: a noise scale)."""
+    import numpy as np
+
+    mask = np.zeros(problem.num_params, bool)
+    for start, size in group_slices(problem):
+        mask[start : start + size] = True
+    return mask
+
+
+def last_layer_index(problem):
+    """The flat coordinates of the output layer, or None when the model does not know which it is."""
+    import numpy as np
+
+    sites = problem.last_layer_sites()
+    if sites is None:
+        return None
+    offsets = _site_offsets(problem)
+    return np.sort(np.concatenate([np.arange(offsets[s][0], offsets[s][0] + offsets[s][1]) for s in sites]))
 
 
 def layer_slices(problem) -> list:

@@ -162,9 +162,11 @@ class Laplace(Method):
         """(subset, hessian) with "auto" resolved for this problem."""
         subset, hessian = self.subset, self.hessian
         if subset == "auto":
-            subset = "last_layer" if problem.is_declarative else "all"
+            # a user's network may not say which parameters are its output layer
+            subset = "last_layer" if problem.is_declarative and problem.last_layer_sites() is not None else "all"
         if hessian == "auto":
-            hessian = "kfac" if problem.is_declarative and not isinstance(subset, tuple) else "full"
+            dense = problem.is_declarative and problem.model.dense
+            hessian = "kfac" if dense and not isinstance(subset, tuple) else "full"
         return subset, hessian
 
     def free_index(self, problem) -> np.ndarray | None:
@@ -172,14 +174,19 @@ class Laplace(Method):
         subset, _ = self.structure(problem)
         if not problem.is_declarative:
             return None
-        weights = np.zeros(problem.num_params, bool)
-        for start, rows, cols in curvature.layer_slices(problem):
-            weights[start : start + rows * cols] = True
+        weights = curvature.network_mask(problem)
         if subset == "all":
             return np.flatnonzero(weights)
         if subset == "last_layer":
-            start, rows, cols = curvature.layer_slices(problem)[-1]
-            return np.arange(start, start + rows * cols)
+            index = curvature.last_layer_index(problem)
+            if index is None:
+                groups = ", ".join(repr(name) for name, _ in problem.parameter_groups())
+                raise OptionError(
+                    f"{self.name}: subset='last_layer' needs to know the output layer, and this "
+                    f"{type(problem.model).__name__} does not say which of its parameter groups ({groups}) it is — "
+                    "name it (Network(..., last_layer='<path prefix>')), or use subset='all' or a mask"
+                )
+            return index
         mask = np.asarray(subset)
         outside = mask & ~weights
         if outside.any():
@@ -220,7 +227,14 @@ class Laplace(Method):
             )
         model = problem.model
         if problem.is_declarative:
-            layers = problem.layers()
+            if hessian == "kfac" and not model.dense:
+                groups = ", ".join(name for name, _ in problem.parameter_groups())
+                raise OptionError(
+                    f"{self.name}: K-FAC needs the network's dense-layer structure, which a {type(model).__name__} does "
+                    f"not declare: it cannot handle the parameter groups {groups} — use hessian='full', 'diag' or "
+                    "'lowrank' (the generic GGN works for any network)"
+                )
+            layers = problem.parameter_groups()
             if self.prior_precision is not None and not model.gaussian_prior:
                 raise OptionError(
                     f"{self.name}: prior_precision={self.prior_precision!r} replaces a Gaussian prior's precision, but "
@@ -230,7 +244,7 @@ class Laplace(Method):
             if isinstance(self.prior_precision, tuple) and len(self.prior_precision) != len(layers):
                 raise OptionError(
                     f"{self.name}: prior_precision gives {len(self.prior_precision)} values but the network has "
-                    f"{len(layers)} dense layers; give one per layer or a single number"
+                    f"{len(layers)} layers ({', '.join(name for name, _ in layers)}); give one per layer or a single number"
                 )
             if hessian == "kfac" and self.prior_precision is None:
                 # A Gaussian prior's precision does not depend on θ: check it before any work.
@@ -255,10 +269,14 @@ class Laplace(Method):
         index = self.free_index(problem)
         free = problem.num_params if index is None else len(index)
         outputs = problem.model.output_dim() if problem.is_declarative else 1
-        layers = curvature.layer_slices(problem) if problem.is_declarative else None
+        dense = problem.is_declarative and problem.model.dense
+        layers = curvature.layer_slices(problem) if dense else None
         size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
         if size > MEMORY_BUDGET_BYTES:
-            cheaper = [h for h in ("kfac", "lowrank", "diag") if h != hessian and (problem.is_declarative or h == "diag")]
+            cheaper = [
+                h for h in ("kfac", "lowrank", "diag")
+                if h != hessian and (problem.is_declarative or h == "diag") and (dense or h != "kfac")
+            ]
             options = ", ".join(
                 f"hessian={h!r} ({curvature.describe_memory(curvature.memory_bytes(h, free, outputs, layers, self.rank))})"
                 for h in cheaper if problem.is_declarative
@@ -333,10 +351,11 @@ class Laplace(Method):
         subset, hessian = self.structure(problem)
         index = self.free_index(problem)
         model = problem.model
-        layers = curvature.layer_slices(problem)
+        layers = curvature.group_slices(problem)
+        dense_layers = curvature.layer_slices(problem) if model.dense else None
         groups = np.full(problem.num_params, -1)
-        for l, (start, rows, cols) in enumerate(layers):
-            groups[start : start + rows * cols] = l if self.prior_structure == "layer" else 0
+        for l, (start, size) in enumerate(layers):
+            groups[start : start + size] = l if self.prior_structure == "layer" else 0
         num_groups = len(layers) if self.prior_structure == "layer" else 1
         weights = groups >= 0
         sigma_at = _sigma_index(problem)
@@ -355,7 +374,9 @@ class Laplace(Method):
             u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
             old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
             with curvature.float64():
-                pieces = _curvature_pieces(problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), layers)
+                pieces = _curvature_pieces(
+                    problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), dense_layers
+                )
                 log_alpha, log_sigma, evidence = _maximise_evidence(
                     problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
                 )
@@ -397,7 +418,7 @@ def _recompiled(problem, model):
 
 
 def _with_prior(problem, precision):
-    layers = problem.layers()
+    layers = problem.parameter_groups()
     values = (precision,) * len(layers) if isinstance(precision, float) else precision
     return _recompiled(problem, problem.model.with_prior_scales(tuple(1.0 / math.sqrt(v) for v in values)))
 
@@ -444,7 +465,7 @@ def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
         if not problem.is_declarative:
             family, log_z, rcond, precision = _assemble_program(problem, u)
         else:
-            layers = curvature.layer_slices(problem)
+            layers = curvature.layer_slices(problem) if problem.model.dense else None
             pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
             family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
     family = _narrow(family, u.dtype)
@@ -560,21 +581,26 @@ def _not_pd(rcond, precision, names):
 
 
 def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
-    """The likelihood curvature (unweighted) in the structure's own form."""
+    """The likelihood curvature (unweighted) in the structure's own form. ``layers``: the dense
+    layers' slices (None for a network without declared dense structure)."""
     outputs = problem.model.output_dim()
     rows = curvature.chunk_rows(outputs, len(index))
     index_arr = jnp.asarray(index)
-    start, width, outputs_last = layers[-1]
-    if hessian in ("full", "diag") and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last)):
+    start, width, outputs_last = layers[-1] if layers is not None else (0, 0, 0)
+    if layers is not None and hessian in ("full", "diag") and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last)):
         # exactly the last layer: its Jacobian is known in closed form (φ̃ ⊗ I)
         return curvature.last_layer_ggn(problem, u, hessian, curvature.chunk_rows(outputs * outputs, width))
+    # the sites holding the free coordinates: derivatives skip every other layer
+    columns = np.zeros(problem.num_params, bool)
+    columns[np.asarray(index)] = True
+    sites = tuple(problem.sites_of(columns))
     if hessian in ("full", "diag"):
-        return curvature.ggn(problem, u, index_arr, hessian, rows)
+        return curvature.ggn(problem, u, index_arr, hessian, rows, sites)
     if hessian == "kfac":
         factors = curvature.kfac_factors(problem, u, curvature.chunk_rows(outputs, max(r * c for _, r, c in layers)))
         starts = {start for start, _, _ in _free_layers(layers, index)}
         return [f for f, (start, _, _) in zip(factors, layers) if start in starts]
-    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows)
+    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows, sites=sites)
 
 
 # -- marginal likelihood over the prior precision (and σ) --------------------------------------------

@@ -34,7 +34,8 @@ class MoLA(Method):
     """Mixture of last-layer Laplace approximations around ``num_members`` MAP networks.
 
     ``hessian``, ``prior_precision`` (None: the model's prior; a number or one per layer) and
-    ``rank`` are those of ``laplace``; ``steps`` bounds each member's L-BFGS iterations.
+    ``rank`` are those of ``laplace`` (``hessian="auto"``: K-FAC for dense networks, the full GGN of
+    the last layer for a user's ``Network``); ``steps`` bounds each member's L-BFGS iterations.
     """
 
     name = "mola"
@@ -42,7 +43,7 @@ class MoLA(Method):
     description = "mixture of last-layer Laplace approximations around M MAP networks trained as one program"
 
     num_members: int = 5
-    hessian: str = "kfac"
+    hessian: str = "auto"
     prior_precision: Any = None
     rank: int = 20
     num_draws: int = 1000
@@ -52,7 +53,7 @@ class MoLA(Method):
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "num_members", self.num_members)
-        check_choice(self.name, "hessian", self.hessian, ("full", "diag", "kfac", "lowrank"))
+        check_choice(self.name, "hessian", self.hessian, ("auto", "full", "diag", "kfac", "lowrank"))
         if self.prior_precision == "marglik":
             raise OptionError(
                 f"{self.name}: prior_precision='marglik' is not offered here (each member would tune its own prior); "
@@ -85,20 +86,21 @@ class MoLA(Method):
         modes = found.flat_draws[:, 0]
         keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)
+        hessian = laplace.structure(target)[1]
         components, evidences, norms, failed = [], [], [], []
         for m in range(self.num_members):
             status, _, judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
             norms.append(judged["map_gradient_norm"])
             if not status.converged:
                 failed.append(f"member {m}: {status.convergence}")
-            family, log_z = laplace_gaussian(target, modes[m], index, self.hessian, self.rank, jax.random.fold_in(curve_key, m))
+            family, log_z = laplace_gaussian(target, modes[m], index, hessian, self.rank, jax.random.fold_in(curve_key, m))
             components.append(family)
             evidences.append(np.nan if log_z is None else log_z)
         mixture = Mixture(tuple(components), jnp.full(self.num_members, -math.log(self.num_members), target.init_params.dtype))
         # A Ctrl-C during the members' search stays recorded: the diagnostics then fail the result.
         status = found.status._replace(converged=not failed, convergence="; ".join(failed) or "settled")
         info = {
-            "hessian": self.hessian,
+            "hessian": hessian,
             "subset": "last_layer",
             "num_free": int(len(index)),
             "member_log_evidence": np.asarray(evidences),

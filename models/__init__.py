@@ -8,10 +8,12 @@ from __future__ import annotations
 from ppl.models import priors
 from ppl.models._base import Layer, SupervisedModel
 from ppl.models.bnn import BNN
+from ppl.models.cnn import CNN
+from ppl.models.network import Network
 from ppl.models.regression import LinearRegression, LogisticRegression
 from ppl.models.vae import VAE
 
-__all__ = ["BNN", "VAE", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
+__all__ = ["BNN", "CNN", "Network", "VAE", "LinearRegression", "LogisticRegression", "Layer", "SupervisedModel", "priors", "from_config"]
 
 _CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression, VAE)}
 
@@ -29,6 +31,11 @@ def from_config(config: dict):
 
     if not isinstance(config, dict) or not isinstance(config.get("fields"), dict):
         raise ValueError("a model configuration must be an object with 'class' and 'fields'")
+    if config.get("class") == "Network":
+        raise ValueError(
+            "a Network's apply_fn is code, which ppl never rebuilds from files; a saved Network run keeps its "
+            "record but cannot be re-attached — refit the model in the session that defines apply_fn"
+        )
     cls = _CLASSES.get(config.get("class")) if isinstance(config.get("class"), str) else None
     if cls is None:
         raise ValueError(f"unknown model class in config: {config.get('class')!r}; known: {sorted(_CLASSES)}")

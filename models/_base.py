@@ -69,6 +69,31 @@ class SupervisedModel:
     def num_classes(self):
         return None
 
+    # Inputs are (N, D) rows; a model that takes (N, ...) arrays of any rank (images) says so.
+    accepts_array_inputs = False
+
+    @property
+    def dense(self) -> bool:
+        """Whether the network is the stack of dense layers :meth:`layers` lists (what K-FAC, the
+        closed-form last-layer GGN and the local reparameterisation need)."""
+        return True
+
+    def network_sites(self, input_dim: int) -> tuple:
+        """Names of the real-valued sites ``apply`` reads (every weight and bias), in site order."""
+        return tuple(name for _, sites in self.parameter_groups(input_dim) for name in sites)
+
+    def parameter_groups(self, input_dim: int) -> tuple:
+        """((name, site names), ...) per layer, input to output: the groups that per-layer prior
+        scales and Laplace's per-layer prior precision address."""
+        return tuple(
+            (layer.weight, (layer.weight,) + ((layer.bias,) if layer.bias is not None else ()))
+            for layer in self.layers(input_dim)
+        )
+
+    def last_layer_sites(self, input_dim: int) -> tuple | None:
+        """Site names of the output layer (``subset="last_layer"``), or None when it is unknown."""
+        return self.parameter_groups(input_dim)[-1][1]
+
     @property
     def num_outputs(self):
         """K for multi-output Gaussian regression (targets (N, K)); None for one target per input."""

@@ -50,7 +50,7 @@ def validate_supervised(model, data, *, where: str = "data"):
             + (f" of length {len(data)}" if isinstance(data, (tuple, list)) else "")
         )
     X, y = data
-    X = _as_inputs(X, f"{where} X")
+    X = _as_inputs(X, f"{where} X", getattr(model, "accepts_array_inputs", False))
     if y is None:
         return X, None
     y = np.asarray(y)
@@ -86,8 +86,17 @@ def _multi_output_capable(model) -> bool:
     )
 
 
-def _as_inputs(X, name: str) -> np.ndarray:
+def _as_inputs(X, name: str, any_rank: bool = False) -> np.ndarray:
+    """Inputs as a float array: (N, D) rows, or (N, ...) of any rank ≥ 2 when ``any_rank`` (a
+    network the user brings, e.g. images (N, H, W, C))."""
     X = np.asarray(X)
+    if any_rank and X.ndim >= 2:
+        if X.shape[0] == 0:
+            raise DataError(f"{name} is empty (0 rows); ppl needs at least one data point")
+        if 0 in X.shape[1:]:
+            raise DataError(f"{name} has shape {X.shape}; every axis after the first must be non-empty")
+        check_finite(name, X)
+        return X.astype(float)
     if X.ndim != 2:
         hint = " — reshape 1-D inputs with X[:, None]" if X.ndim == 1 else ""
         raise DataError(f"{name} must be 2-D with shape (N, D), got shape {X.shape}{hint}")
@@ -115,9 +124,9 @@ def validate_unsupervised(model, data, *, where: str = "data") -> np.ndarray:
     return model.check_inputs(X)
 
 
-def validate_inputs(X, name: str = "X") -> np.ndarray:
-    """Check prediction inputs (N, D)."""
-    return _as_inputs(X, name)
+def validate_inputs(X, name: str = "X", any_rank: bool = False) -> np.ndarray:
+    """Check prediction inputs (N, D), or (N, ...) of any rank ≥ 2 when ``any_rank``."""
+    return _as_inputs(X, name, any_rank)
 
 
 def validate_program_data(data) -> tuple[dict, dict]:

@@ -70,16 +70,16 @@ def _outputs_many(problem, flat, X):
     return jax.lax.map(lambda u: _outputs(problem, u, X), flat, batch_size=_CHUNK)
 
 
-@jax.jit
-def _output_moments(problem, family, X):
+@partial(jax.jit, static_argnames=("sites",))
+def _output_moments(problem, family, X, sites=None):
     """Mean f(μ) (B, C) and covariance J Σ Jᵀ (B, C, C) of the network linearised at the mean of a
-    Gaussian ``family``; the Jacobians are taken over its free coordinates only."""
+    Gaussian ``family``; the Jacobians are taken over its free coordinates only (held by ``sites``)."""
     from ppl.inference import _curvature as curvature
 
     u = family.loc
     base = problem.constrain(u)
     f = curvature._network(problem, u, base, X)
-    jac = curvature.output_jacobians(problem, u, X, family.active_index, base)
+    jac = curvature.output_jacobians(problem, u, X, family.active_index, base, sites)
     return f, family.output_covariance(jac)
 
 
@@ -92,13 +92,18 @@ def _linearized_outputs(problem, family, X):
     free = problem.num_params if index is None else int(index.shape[0])
     outputs = problem.model.output_dim()
     rows = min(X.shape[0], curvature.chunk_rows(outputs, free))
+    sites = None
+    if index is not None:
+        columns = np.zeros(problem.num_params, bool)
+        columns[np.asarray(index)] = True
+        sites = tuple(problem.sites_of(columns))
     means, covs = [], []
     for start in range(0, X.shape[0], rows):
         part = X[start : start + rows]
         short = rows - part.shape[0]
         if short:
             part = jnp.concatenate([part, jnp.repeat(part[-1:], short, axis=0)])
-        f, cov = jax.device_get(_output_moments(problem, family, part))
+        f, cov = jax.device_get(_output_moments(problem, family, part, sites))
         means.append(f[: rows - short])
         covs.append(cov[: rows - short])
     return np.concatenate(means), np.concatenate(covs)
@@ -507,10 +512,13 @@ class Posterior:
                 "predict needs a declarative model from ppl.models; for a plain NumPyro function use "
                 "numpyro.infer.Predictive(model, posterior_samples=post.sample(n, seed=...))"
             )
-        X = jnp.asarray(validate_inputs(X), dtype=self.problem.data[0].dtype)
-        if X.shape[1] != self.problem.data[0].shape[1]:
+        any_rank = getattr(self.problem.model, "accepts_array_inputs", False)
+        X = jnp.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
+        if X.shape[1:] != self.problem.data[0].shape[1:]:
+            what = "features" if X.ndim == 2 else "as its per-row shape"
             raise OptionError(
-                f"X has {X.shape[1]} features but the model was fitted on {self.problem.data[0].shape[1]}"
+                f"X has {X.shape[1:] if X.ndim > 2 else X.shape[1]} {what} but the model was fitted on "
+                f"{self.problem.data[0].shape[1:] if X.ndim > 2 else self.problem.data[0].shape[1]}"
             )
         key = as_key(seed)
         gaussian = self.has_density and (

@@ -191,6 +191,21 @@ class Problem:
         self._require_declarative("layers")
         return self.model.layers(self.data[0].shape[-1])
 
+    def network_sites(self) -> tuple:
+        """Names of the real-valued sites the network reads (weights and biases), in site order."""
+        self._require_declarative("network_sites")
+        return self.model.network_sites(self.data[0].shape[-1])
+
+    def parameter_groups(self) -> tuple:
+        """((name, site names), ...): the network's layers, or a user network's parameter groups."""
+        self._require_declarative("parameter_groups")
+        return self.model.parameter_groups(self.data[0].shape[-1])
+
+    def last_layer_sites(self) -> tuple | None:
+        """Site names of the output layer, or None when the model does not know it."""
+        self._require_declarative("last_layer_sites")
+        return self.model.last_layer_sites(self.data[0].shape[-1])
+
     def apply(self, params: dict, X) -> jax.Array:
         """Network output (mean or logits) for constrained ``params`` at inputs ``X``."""
         self._require_declarative("apply")

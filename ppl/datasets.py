@@ -200,14 +200,20 @@ def _check_seed(seed) -> None:
         raise DataError(f"seed must be a non-negative integer, got {seed!r}")
 
 
-def load(name: str, *, seed: int = 0, test_fraction: float = 0.2, split: int | None = None, root=None) -> Dataset:
+def load(name: str, *, seed: int = 0, test_fraction: float = 0.2, split: int | None = None, root=None,
+         images: bool = False) -> Dataset:
     """Load dataset ``name`` with standardised inputs and a seeded train/test split.
 
     The UCI regression sets (:data:`UCI_FOLDERS`) come with their canonical splits instead: ``split``
     (default 0) picks one, ``seed`` and ``test_fraction`` do not apply, and the data are read from
     ``root`` (or the ``PPL_DATA_DIR`` environment variable), the folder that holds the sets' folders.
+
+    ``images=True`` (``digits`` only) gives the inputs as images (N, 8, 8, 1), for convolutional
+    networks; the rows, split and per-pixel standardisation are those of the flat (N, 64) inputs.
     """
     _check_seed(seed)
+    if images is not False and (images is not True or name != "digits"):
+        raise DataError(f"images=True applies to the 'digits' dataset only (got name={name!r}, images={images!r})")
     if name in UCI_FOLDERS:
         if test_fraction != 0.2:
             raise DataError(
@@ -242,6 +248,8 @@ def load(name: str, *, seed: int = 0, test_fraction: float = 0.2, split: int | N
     num_classes = int(np.max(y)) + 1 if task == "classification" else None
     if task in ("classification", "unsupervised"):
         y_train, y_test = y_train.astype(np.int32), y_test.astype(np.int32)
+    if images:  # row-major 8 × 8 pixels, one channel
+        X_train, X_test = X_train.reshape(-1, 8, 8, 1), X_test.reshape(-1, 8, 8, 1)
     return Dataset(
         name=name,
         task=task,

@@ -1,26 +1,29 @@
 """Conformance over the method registry (never a hand list): a method is tested once registered.
 
-Every method runs with its default options on the conjugate linear-regression fixture.
+Every method runs with its default options on the conjugate linear-regression fixture, and once
+more on the same model written as a user's ``Network`` (a plain apply function over a pytree).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import flat_params
+from conftest import NOISE, PRIOR, flat_params
 
 import ppl
 from ppl._problem import trace_count
 from ppl.diagnostics import _arviz
 from ppl.inference.registry import METHODS
+from ppl.models import Network
 
 FIT_CACHE: dict = {}
 
 
 def _fit(name, model, data, seed):
-    key = (name, seed, id(data))
+    key = (name, seed, id(data), model)
     if key not in FIT_CACHE:
         FIT_CACHE[key] = ppl.fit(model, data, method=name, seed=seed)
     return FIT_CACHE[key]
@@ -80,7 +83,10 @@ def test_second_same_shaped_fit_does_not_recompile(method, linear_model, linear_
 
 
 def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, linear_truth):
-    post = _fit(method, linear_model, linear_data.train, 0)
+    _lands(_fit(method, linear_model, linear_data.train, 0), linear_truth)
+
+
+def _lands(post, linear_truth):
     draws = flat_params(post.draws)
     sd_true = np.sqrt(np.diag(linear_truth["cov"]))
     mean = draws.mean(axis=(0, 1))
@@ -93,6 +99,30 @@ def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, lin
     else:
         mcse = draws.std(axis=(0, 1)) / np.sqrt(post.num_draws)
     assert np.all(np.abs(mean - linear_truth["mean"]) <= 0.1 * sd_true + 4 * mcse)
+
+
+def _linear_network(D):
+    """LinearRegression written as a Network over a plain apply function: the same sites w (D,), b ()."""
+    return Network(_linear_apply, {"w": jnp.zeros(D), "b": jnp.zeros(())}, likelihood="gaussian",
+                   prior_scale=PRIOR, noise_scale=NOISE, last_layer=("w", "b"))
+
+
+def _linear_apply(params, X):
+    return X @ params["w"] + params["b"]
+
+
+def test_network_model_lands_on_the_conjugate_posterior(method, linear_data, linear_truth):
+    """Every method on a user's Network (the linear model through a plain apply function): a valid
+    Posterior with the template's sites whose diagnostics compute, on the conjugate posterior."""
+    model = _linear_network(linear_data.train.X.shape[1])
+    if method == "exact":
+        with pytest.raises(ppl.OptionError, match="exact"):
+            ppl.fit(model, linear_data.train, method=method, seed=0)
+        return
+    post = _fit(method, model, linear_data.train, 0)
+    assert set(post.draws) == {"w", "b"}
+    assert isinstance(post.diagnostics().ok, bool)
+    _lands(post, linear_truth)
 
 
 def test_tuning_numbers_do_not_recompile(linear_model, linear_data):

@@ -1,0 +1,463 @@
+"""A network the user brings: any pure ``apply(params, X)`` over a pytree of parameters.
+
+``Network(apply_fn, params_template, likelihood=...)`` makes every floating-point array leaf of
+``params_template`` one sample site with a prior, and observes the targets through the same
+likelihoods as ``BNN``. Inside ppl it is a declarative model like the others: the Problem, MAP,
+samplers, SVI, SWAG, ensembles and the GGN-based Laplace all see ``apply`` and the site layout.
+
+Site names are the leaf's path in the tree, its keys joined with ``"."``: the leaf
+``params["dense_0"]["kernel"]`` is the site ``"dense_0.kernel"``, the second element of a list
+``params["layers"][1]["w"]`` is ``"layers.1.w"``, an attribute of a dataclass or NamedTuple node
+is named by the attribute. Sites come in the tree's own flattening order (dict keys sorted), so
+names and order are stable across runs.
+
+Parameter groups ("layers" for the per-layer priors and Laplace's per-layer prior precision) are
+the leaves that share a parent node: ``dense_0.kernel`` and ``dense_0.bias`` form the group
+``dense_0``; a leaf at the top of the tree is a group by itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import numpyro
+
+from ppl._errors import DataError, OptionError
+from ppl.models._base import LIKELIHOODS, OBSERVED_SITE, SupervisedModel, check_choice, check_scale
+from ppl.models.priors import FanIn, Isotropic, PerLayer, Prior, ScaleMixture
+
+__all__ = ["Network", "Leaf"]
+
+MAX_INFERRED_CLASSES = 10_000
+_RESERVED = ("sigma", OBSERVED_SITE)
+_COMPONENT = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+class Leaf(NamedTuple):
+    """One parameter array of the network: its site name, shape, group and prior role.
+
+    ``kind`` is ``"weight"`` for arrays of two or more dimensions (fan-in = the product of all axes
+    but the last, the output axis in JAX's layout: (fan_in, fan_out) for a dense kernel,
+    (height, width, in, out) for a convolution) and ``"bias"`` for vectors and scalars.
+    """
+
+    name: str
+    shape: tuple
+    group: int
+    kind: str
+    fan_in: int
+
+
+def _key_name(entry, where: str) -> str:
+    if isinstance(entry, jax.tree_util.DictKey):
+        key = entry.key
+    elif isinstance(entry, jax.tree_util.SequenceKey):
+        key = entry.idx
+    elif isinstance(entry, jax.tree_util.GetAttrKey):
+        key = entry.name
+    elif isinstance(entry, jax.tree_util.FlattenedIndexKey):
+        key = entry.key
+    else:
+        key = str(entry)
+    text = str(key)
+    if not _COMPONENT.match(text):
+        raise OptionError(
+            f"Network.params_template: the key {key!r} at {where or 'the top of the tree'} cannot be part of a site "
+            "name (letters, digits, '_' and '-' only; '.' joins the path) — rename that key"
+        )
+    return text
+
+
+def _describe(leaf) -> str:
+    return f"{type(leaf).__name__}" + (f" of dtype {leaf.dtype}" if hasattr(leaf, "dtype") else f" {leaf!r}")
+
+
+def _layout(template) -> tuple:
+    """(treedef, leaves) of a parameter template, validated: floating, finite arrays, unique names."""
+    try:
+        pairs, treedef = jax.tree_util.tree_flatten_with_path(template)
+    except Exception as error:  # a tree JAX cannot flatten
+        raise OptionError(f"Network.params_template is not a JAX pytree ({type(error).__name__}: {error})") from None
+    if not pairs:
+        raise OptionError("Network.params_template has no array leaves; give the network's parameters, e.g. {'w': jnp.zeros((3, 1))}")
+    names, leaves, parents = [], [], []
+    for path, value in pairs:
+        parts = []
+        for entry in path:
+            parts.append(_key_name(entry, ".".join(parts)))
+        name = ".".join(parts) if parts else "params"
+        if not isinstance(value, (np.ndarray, jax.Array)):
+            raise OptionError(
+                f"Network.params_template[{name!r}] is a {_describe(value)}, not an array; every leaf is a parameter — "
+                "make it an array (jnp.asarray), or close over a constant inside apply_fn instead of putting it in the tree"
+            )
+        if isinstance(value, jax.core.Tracer):
+            raise OptionError(f"Network.params_template[{name!r}] is a traced value; build the Network outside jit")
+        if not jnp.issubdtype(value.dtype, jnp.floating):
+            raise OptionError(
+                f"Network.params_template[{name!r}] has dtype {value.dtype}; parameters must be floating-point — "
+                "integer or boolean settings belong inside apply_fn (closed over), not in the parameter tree"
+            )
+        if value.size == 0:
+            raise OptionError(f"Network.params_template[{name!r}] is empty (shape {tuple(value.shape)}); drop it from the tree")
+        if not bool(np.all(np.isfinite(np.asarray(value)))):
+            raise OptionError(
+                f"Network.params_template[{name!r}] holds non-finite values (NaN or Inf); the template gives shapes "
+                "and must be a finite array (zeros will do)"
+            )
+        if name in _RESERVED:
+            raise OptionError(
+                f"Network.params_template has a leaf named {name!r}, which ppl reserves for "
+                f"{'the noise scale' if name == 'sigma' else 'the observations'}; nest or rename it"
+            )
+        names.append(name)
+        parents.append(".".join(parts[:-1]) if len(parts) > 1 else name)
+        leaves.append(tuple(int(d) for d in value.shape))
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise OptionError(f"Network.params_template has two leaves named {name!r}; rename one of their keys")
+        seen.add(name)
+    group_of, out = {}, []
+    for name, shape, parent in zip(names, leaves, parents):
+        group = group_of.setdefault(parent, len(group_of))
+        kind = "weight" if len(shape) >= 2 else "bias"
+        fan_in = int(math.prod(shape[:-1])) if kind == "weight" else 1
+        out.append(Leaf(name, shape, group, kind, fan_in))
+    return treedef, tuple(out), tuple(group_of)
+
+
+@dataclass(frozen=True)
+class Network(SupervisedModel):
+    """A Bayesian network from any pure JAX function ``apply_fn(params, X) -> outputs``.
+
+    Every array leaf of ``params_template`` becomes a sample site named by its path
+    (``"dense_0.kernel"``) with the prior of its group; the template's values are not used, only
+    its structure, shapes and float types. The outputs are the likelihood's natural parameter:
+    (N,) or (N, 1) for ``gaussian`` (the mean) and ``bernoulli`` (the logit), (N, C) logits for
+    ``categorical`` (C is read from the outputs), (N, 2) mean and log-variance for
+    ``heteroscedastic``, (N, K) for Gaussian regression on K targets.
+
+    Args:
+        apply_fn: a pure function of (parameter tree, inputs); inputs are X as given to ``ppl.fit``
+            (N, ...) — 2-D rows, or images (N, H, W, C).
+        params_template: a pytree of floating-point arrays with the parameters' shapes.
+        likelihood: ``gaussian``, ``bernoulli``, ``categorical`` or ``heteroscedastic``.
+        prior_scale: scale of the isotropic N(0, s²) prior used when ``prior`` is None.
+        prior: a ``ppl.models.priors`` object; ``PerLayer`` counts the parameter groups in tree
+            order, ``FanIn`` reads each weight's fan-in from its shape (all axes but the last).
+        noise_scale: fixed Gaussian noise σ, or None to learn it (a ``sigma`` site).
+        last_layer: the path prefix of the output layer's parameters (``"dense_2"``), or a tuple
+            of prefixes: the coordinates that ``laplace`` with ``subset="last_layer"`` (and
+            ``mola``) cover. A prefix matches whole path components (``"dense"`` does not match
+            ``"dense_2.kernel"``). Without it the output layer is unknown: ``laplace`` then
+            defaults to ``subset="all"`` and refuses ``"last_layer"``.
+
+    >>> import jax.numpy as jnp
+    >>> from ppl.models import Network
+    >>> def mlp(p, X):
+    ...     return jnp.tanh(X @ p["hidden"]["w"] + p["hidden"]["b"]) @ p["out"]["w"] + p["out"]["b"]
+    >>> template = {"hidden": {"w": jnp.zeros((4, 16)), "b": jnp.zeros(16)},
+    ...             "out": {"w": jnp.zeros((16, 1)), "b": jnp.zeros(1)}}
+    >>> model = Network(mlp, template, likelihood="bernoulli", last_layer="out")
+    """
+
+    apply_fn: Callable = None
+    params_template: Any = field(default=None, compare=False, repr=False)
+    likelihood: str = "gaussian"
+    prior_scale: float = 1.0
+    prior: Prior | None = None
+    noise_scale: float | None = None
+    last_layer: str | tuple | None = None
+    num_classes: int | None = None
+    num_outputs: int | None = None
+    # derived from the template: what equality, hashing and compiled programs depend on
+    treedef: Any = field(init=False, repr=False)
+    leaves: tuple = field(init=False, repr=False)
+    groups: tuple = field(init=False)
+
+    accepts_array_inputs = True  # X may be (N, ...) of any rank, not only (N, D)
+
+    def __post_init__(self):
+        if self.apply_fn is None or not callable(self.apply_fn):
+            raise OptionError(
+                f"Network.apply_fn must be a function apply(params, X) -> outputs, got {type(self.apply_fn).__name__}"
+            )
+        try:
+            hash(self.apply_fn)
+        except TypeError:
+            raise OptionError(
+                "Network.apply_fn must be hashable (a function, or a functools.partial of hashable arguments): "
+                "compiled programs are cached on it"
+            ) from None
+        if self.params_template is None:
+            raise OptionError("Network needs params_template: a pytree of arrays with the parameters' shapes")
+        treedef, leaves, groups = _layout(self.params_template)
+        object.__setattr__(self, "treedef", treedef)
+        object.__setattr__(self, "leaves", leaves)
+        object.__setattr__(self, "groups", groups)
+        check_choice("Network.likelihood", self.likelihood, LIKELIHOODS)
+        check_scale("Network.prior_scale", self.prior_scale)
+        check_scale("Network.noise_scale", self.noise_scale, allow_none=True)
+        if self.noise_scale is not None and self.likelihood != "gaussian":
+            raise OptionError(f"Network.noise_scale applies only to likelihood='gaussian', not {self.likelihood!r}")
+        if self.prior is not None and not isinstance(self.prior, Prior):
+            raise OptionError(
+                f"Network.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, ScaleMixture), "
+                f"got {type(self.prior).__name__}"
+            )
+        if isinstance(self.prior, PerLayer) and len(self.prior.scales) != len(groups):
+            raise OptionError(
+                f"Network.prior is PerLayer with {len(self.prior.scales)} scales but the template has {len(groups)} "
+                f"parameter groups ({', '.join(groups)}); give one scale per group, in that order"
+            )
+        if isinstance(self.last_layer, list):
+            object.__setattr__(self, "last_layer", tuple(self.last_layer))
+        if self.last_layer is not None:
+            prefixes = (self.last_layer,) if isinstance(self.last_layer, str) else self.last_layer
+            if not isinstance(prefixes, tuple) or not prefixes or not all(isinstance(p, str) for p in prefixes):
+                raise OptionError(
+                    f"Network.last_layer must be a path prefix (a string) or a tuple of them, got {self.last_layer!r}"
+                )
+            missing = [p for p in prefixes if not any(n == p or n.startswith(p + ".") for n in self.site_names)]
+            if missing:
+                raise OptionError(
+                    f"Network.last_layer={missing[0]!r} matches no parameter; it is a path prefix of the output "
+                    f"layer's leaves — one of the groups {', '.join(map(repr, groups))}"
+                )
+        if self.num_classes is not None and (self.likelihood != "categorical" or int(self.num_classes) < 2):
+            raise OptionError("Network.num_classes applies to likelihood='categorical' and must be at least 2")
+
+    # -- structure ------------------------------------------------------------------------------------
+    @property
+    def site_names(self) -> tuple:
+        return tuple(leaf.name for leaf in self.leaves)
+
+    def _last_names(self) -> tuple:
+        prefixes = (self.last_layer,) if isinstance(self.last_layer, str) else tuple(self.last_layer)
+        return tuple(n for n in self.site_names if any(n == p or n.startswith(p + ".") for p in prefixes))
+
+    def network_sites(self, input_dim=None) -> tuple:
+        return self.site_names
+
+    def parameter_groups(self, input_dim=None) -> tuple:
+        return tuple(
+            (group, tuple(leaf.name for leaf in self.leaves if leaf.group == g)) for g, group in enumerate(self.groups)
+        )
+
+    def last_layer_sites(self, input_dim=None) -> tuple | None:
+        return self._last_names() if self.last_layer is not None else None
+
+    def layers(self, input_dim: int) -> tuple:
+        raise OptionError(
+            f"this needs dense layers (K-FAC curvature, the local reparameterisation), but a Network's parameters "
+            f"({', '.join(self.groups)}) have no declared dense structure — for laplace use hessian='full', 'diag' or "
+            "'lowrank'; for svi drop local_reparam"
+        )
+
+    @property
+    def dense(self) -> bool:
+        return False
+
+    def _tree(self, params: dict):
+        return jax.tree_util.tree_unflatten(self.treedef, [params[leaf.name] for leaf in self.leaves])
+
+    def apply(self, params: dict, X):
+        out = self.apply_fn(self._tree(params), X)
+        if jnp.ndim(out) == 1:
+            return out
+        return self.squeeze(out)
+
+    def squeeze(self, h):
+        if self.likelihood in ("categorical", "heteroscedastic") or self.multi_output:
+            return h
+        return h[..., 0]
+
+    def output_shape(self, X) -> tuple:
+        """The shape of ``apply_fn``'s output on inputs ``X`` (traced abstractly, nothing computed)."""
+        shapes = jax.tree_util.tree_unflatten(
+            self.treedef, [jax.ShapeDtypeStruct(leaf.shape, jnp.result_type(float)) for leaf in self.leaves]
+        )
+        try:
+            out = jax.eval_shape(self.apply_fn, shapes, jax.ShapeDtypeStruct(np.shape(X), jnp.result_type(float)))
+        except Exception as error:
+            raise DataError(
+                f"Network.apply_fn failed on inputs of shape {tuple(np.shape(X))} with the template's parameters "
+                f"({type(error).__name__}: {error}); check that apply_fn(params, X) runs on a batch of these inputs"
+            ) from None
+        if not isinstance(out, jax.ShapeDtypeStruct):
+            raise DataError(
+                f"Network.apply_fn returned a {type(out).__name__}; it must return one array of outputs (N, C) or (N,)"
+            )
+        return tuple(out.shape)
+
+    def bind(self, X, y):
+        rows = min(int(np.shape(X)[0]), 2)
+        shape = self.output_shape(X[:rows])
+        if len(shape) not in (1, 2) or shape[0] != rows:
+            raise DataError(
+                f"Network.apply_fn returned outputs of shape {shape} for {rows} input rows; it must return (N,) or "
+                "(N, C), one row per input"
+            )
+        width = 1 if len(shape) == 1 else shape[1]
+        name = f"Network(likelihood={self.likelihood!r})"
+        if self.likelihood == "categorical":
+            if width < 2:
+                raise DataError(f"{name}: apply_fn returns {width} output per input; categorical needs C ≥ 2 logits")
+            if width > MAX_INFERRED_CLASSES:
+                raise DataError(f"{name}: apply_fn returns {width} logits per input, more than {MAX_INFERRED_CLASSES} classes")
+            if self.num_classes is not None and self.num_classes != width:
+                raise DataError(f"{name}: num_classes={self.num_classes} but apply_fn returns {width} logits per input")
+            if y is not None and np.size(y) and int(np.max(y)) >= width:
+                bad = int(np.flatnonzero(np.asarray(y) >= width)[0])
+                raise DataError(
+                    f"y[{bad}] = {int(np.asarray(y)[bad])} but apply_fn returns {width} logits (classes 0..{width - 1}); "
+                    "widen the output layer or recode the labels"
+                )
+            return dataclasses.replace(self, num_classes=width)
+        if self.likelihood == "heteroscedastic":
+            if width != 2:
+                raise DataError(f"{name}: apply_fn returns {width} outputs per input; heteroscedastic needs 2 (mean, log-variance)")
+            return self
+        if self.likelihood == "gaussian" and y is not None and np.ndim(y) == 2:
+            if width != np.shape(y)[1]:
+                raise DataError(f"{name}: y has {np.shape(y)[1]} target columns but apply_fn returns {width} outputs per input")
+            return dataclasses.replace(self, num_outputs=int(np.shape(y)[1]))
+        if width != 1:
+            what = "one logit (the log-odds of class 1)" if self.likelihood == "bernoulli" else "one mean"
+            hint = " — for C classes use likelihood='categorical'" if self.likelihood == "bernoulli" else ""
+            raise DataError(
+                f"{name}: apply_fn returns {width} outputs per input, but this likelihood takes {what} per input, "
+                f"shape (N,) or (N, 1){hint}"
+            )
+        return self
+
+    # -- priors -----------------------------------------------------------------------------------------
+    @property
+    def _prior(self) -> Prior:
+        return self.prior if self.prior is not None else Isotropic(self.prior_scale)
+
+    @property
+    def gaussian_prior(self) -> bool:
+        return not isinstance(self._prior, ScaleMixture)
+
+    def with_prior_scales(self, scales: tuple):
+        if len(scales) != len(self.groups):
+            raise OptionError(
+                f"Network has {len(self.groups)} parameter groups ({', '.join(self.groups)}); got {len(scales)} prior scales"
+            )
+        return dataclasses.replace(self, prior=PerLayer(tuple(float(s) for s in scales)))
+
+    def to_config(self) -> dict:
+        """A JSON-able description (for the run's fingerprint and provenance). It names ``apply_fn``
+        but cannot rebuild it: ``ppl.models.from_config`` refuses a Network."""
+        from ppl.models import priors as _priors
+
+        fn = self.apply_fn
+        prior = self.prior
+        if isinstance(prior, _priors.Prior):
+            prior = {"prior": type(prior).__name__, **{k: list(v) if isinstance(v, tuple) else v
+                                                       for k, v in dataclasses.asdict(prior).items()}}
+        fields = {
+            "apply_fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}",
+            "leaves": [[leaf.name, list(leaf.shape)] for leaf in self.leaves],
+            "likelihood": self.likelihood, "prior_scale": self.prior_scale, "prior": prior,
+            "noise_scale": self.noise_scale, "last_layer": self.last_layer, "num_classes": self.num_classes,
+            "num_outputs": self.num_outputs,
+        }
+        return {"class": "Network", "fields": fields}
+
+    # -- adapters (optional extras: pip install "ppl[flax]" or "ppl[equinox]") ----------------------------
+    @classmethod
+    def from_flax(cls, module, example_input, **options) -> "Network":
+        """A Network from a Flax Linen module: its ``params`` collection is the template and
+        ``module.apply({"params": params}, X)`` the network. Sites are named by Flax's own paths
+        (``Dense_0.kernel``); ``options`` are Network's (``likelihood``, ``prior``, ``last_layer``...).
+
+        Modules with other variable collections (``batch_stats``, caches) are refused: ppl's
+        posterior covers parameters only. Flax initialises the template with a fixed key; its
+        values are not used.
+        """
+        try:
+            import flax.linen as linen
+        except ImportError:
+            raise OptionError("Network.from_flax needs Flax: pip install flax (or the 'flax' extra of ppl)") from None
+        if not isinstance(module, linen.Module):
+            raise OptionError(
+                f"Network.from_flax takes a flax.linen Module, got {type(module).__name__}; for another kind of "
+                "network pass Network(apply_fn, params_template) yourself"
+            )
+        variables = module.init(jax.random.PRNGKey(0), jnp.asarray(example_input, dtype=jnp.result_type(float)))
+        others = sorted(set(variables) - {"params"})
+        if others:
+            raise OptionError(
+                f"Network.from_flax: {type(module).__name__} has variable collections {others} besides 'params'; "
+                "ppl infers parameters only — remove the mutable state (e.g. BatchNorm) from the module"
+            )
+        if "params" not in variables:
+            raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
+        return cls(_FlaxApply(module), variables["params"], **options)
+
+    @classmethod
+    def from_equinox(cls, module, *, batched: bool = False, **options) -> "Network":
+        """A Network from an Equinox module: its floating-point arrays are the parameters (named by
+        attribute path, e.g. ``layers.0.weight``), everything else is held fixed. Equinox layers
+        take one example, so the module is mapped over the rows of X unless ``batched=True``.
+
+        Equinox stores a linear layer's weight as (out, in), so the fan-in rule of ``FanIn``
+        (all axes but the last) does not fit it; use ``Isotropic`` or ``PerLayer`` priors.
+        """
+        try:
+            import equinox as eqx
+        except ImportError:
+            raise OptionError("Network.from_equinox needs Equinox: pip install equinox (or the 'equinox' extra of ppl)") from None
+        if not isinstance(module, eqx.Module):
+            raise OptionError(f"Network.from_equinox takes an equinox.Module, got {type(module).__name__}")
+        if isinstance(options.get("prior"), FanIn):
+            raise OptionError(
+                "Network.from_equinox: a FanIn prior reads fan-in from the last axis but Equinox weights are "
+                "(out, in); use Isotropic or PerLayer"
+            )
+        params, static = eqx.partition(module, eqx.is_inexact_array)
+        return cls(_EquinoxApply(static, bool(batched)), params, **options)
+
+    # -- the NumPyro program ------------------------------------------------------------------------------
+    def __call__(self, X, y=None):
+        params = {}
+        for leaf in self.leaves:
+            params[leaf.name] = numpyro.sample(
+                leaf.name, self._prior.distribution(leaf.group, leaf.kind, leaf.shape, leaf.fan_in)
+            )
+        params.update(self._sample_noise())
+        return self._observe(X, y, params)
+
+
+@dataclass(frozen=True)
+class _FlaxApply:
+    """``(params, X) -> module.apply({"params": params}, X)``, hashable by the module's value."""
+
+    module: Any
+
+    def __call__(self, params, X):
+        return self.module.apply({"params": params}, X)
+
+
+@dataclass(frozen=True)
+class _EquinoxApply:
+    """The Equinox module rebuilt from the parameters and its fixed part, called on X."""
+
+    static: Any
+    batched: bool
+
+    def __call__(self, params, X):
+        import equinox as eqx
+
+        model = eqx.combine(params, self.static)
+        return model(X) if self.batched else jax.vmap(model)(X)

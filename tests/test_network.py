@@ -1,0 +1,267 @@
+"""Network: a user's own apply(params, X) against the same network written as a ppl BNN.
+
+Ground truth: a Network running the BNN's forward pass on the same weights is the same model, so
+its log density, GGN and Laplace Gaussian equal the BNN's up to float64 rounding (sums in another
+order: relative 1e-12 observed, 1e-9 asserted). The MAP of a model with a strictly concave log
+joint is unique; two optimisers' answers lie within (|g₁| + |g₂|)/μ of each other, g their
+remaining gradients and μ ≥ 1/s² the prior's curvature (the likelihood's is non-negative).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import ppl
+from ppl._errors import DataError, OptionError
+from ppl._problem import compile_problem
+from ppl.inference import _curvature as curvature
+from ppl.inference.laplace import laplace_gaussian
+from ppl.models import BNN, Network
+from ppl.models.priors import FanIn, PerLayer, ScaleMixture
+
+HIDDEN = 6
+
+
+def mlp(params, X):
+    """The BNN's forward pass written by hand: tanh hidden layer, linear output."""
+    h = jnp.tanh(X @ params["dense_0"]["kernel"] + params["dense_0"]["bias"][None])
+    return h @ params["dense_1"]["kernel"] + params["dense_1"]["bias"][None]
+
+
+def glm(params, X):
+    return X @ params["dense_0"]["kernel"] + params["dense_0"]["bias"][None]
+
+
+def template(D, C, hidden=HIDDEN):
+    if hidden == 0:
+        return {"dense_0": {"kernel": jnp.zeros((D, C)), "bias": jnp.zeros(C)}}
+    return {
+        "dense_0": {"kernel": jnp.zeros((D, hidden)), "bias": jnp.zeros(hidden)},
+        "dense_1": {"kernel": jnp.zeros((hidden, C)), "bias": jnp.zeros(C)},
+    }
+
+
+# BNN site -> Network site for the same array
+RENAME = {"w0": "dense_0.kernel", "b0": "dense_0.bias", "w1": "dense_1.kernel", "b1": "dense_1.bias", "sigma": "sigma"}
+
+
+def _data(likelihood, n=60, d=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, d))
+    signal = np.tanh(X @ rng.normal(size=d))
+    if likelihood == "gaussian":
+        y = signal + 0.3 * rng.normal(size=n)
+    elif likelihood == "bernoulli":
+        y = (signal + 0.3 * rng.normal(size=n) > 0).astype(int)
+    else:
+        y = np.digitize(signal + 0.3 * rng.normal(size=n), [-0.4, 0.4])
+    return X, y
+
+
+def _pair(likelihood, hidden=HIDDEN, **kwargs):
+    X, y = _data(likelihood)
+    C = 3 if likelihood == "categorical" else 1
+    fn = mlp if hidden else glm
+    net = Network(fn, template(X.shape[1], C, hidden), likelihood=likelihood, last_layer=f"dense_{1 if hidden else 0}", **kwargs)
+    bnn = BNN(hidden=(hidden,) if hidden else (), activation="tanh", likelihood=likelihood, **kwargs)
+    return compile_problem(bnn, (X, y)), compile_problem(net, (X, y))
+
+
+def _same_point(pb, pn, u):
+    flat = pb.unravel(u)
+    return pn.ravel({RENAME[name]: value for name, value in flat.items()})
+
+
+def _permutation(pb, pn):
+    """perm with u_network = u_bnn[perm]."""
+    index = jnp.arange(pb.num_params, dtype=float)
+    return np.asarray(_same_point(pb, pn, index)).astype(int)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli", "categorical"])
+@pytest.mark.parametrize("prior", [None, FanIn(scale=1.5, bias_scale=0.5), PerLayer((0.7, 2.0)), ScaleMixture()])
+def test_log_density_equals_the_bnn(likelihood, prior):
+    pb, pn = _pair(likelihood, prior=prior)
+    assert [s.name for s in pn.sites] == [s.name for s in pn.sites]  # stable
+    assert sorted(RENAME[s.name] for s in pb.sites) == sorted(s.name for s in pn.sites)
+    for seed in range(3):
+        u = jax.random.normal(jax.random.PRNGKey(seed), (pb.num_params,))
+        v = _same_point(pb, pn, u)
+        for fn in ("logdensity_fn", "log_joint"):
+            a, b = float(getattr(pb, fn)(u)), float(getattr(pn, fn)(v))
+            assert abs(a - b) <= 1e-9 * abs(a), (fn, a, b)
+        np.testing.assert_allclose(pn.pointwise_loglik(v), pb.pointwise_loglik(u), rtol=1e-9, atol=1e-12)
+
+
+def test_tempering_and_minibatch_scaling_match_the_bnn():
+    X, y = _data("bernoulli")
+    net = Network(mlp, template(3, 1), likelihood="bernoulli")
+    bnn = BNN(hidden=(HIDDEN,), activation="tanh", likelihood="bernoulli")
+    for tempering in ("likelihood", "cold"):
+        pb = compile_problem(bnn, (X, y), temperature=0.3, tempering=tempering)
+        pn = compile_problem(net, (X, y), temperature=0.3, tempering=tempering)
+        u = jax.random.normal(jax.random.PRNGKey(4), (pb.num_params,))
+        batch = (jnp.asarray(X[:16]), jnp.asarray(y[:16]))
+        a, b = float(pb.logdensity_fn(u, batch)), float(pn.logdensity_fn(_same_point(pb, pn, u), batch))
+        assert abs(a - b) <= 1e-9 * abs(a)
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli", "categorical"])
+def test_ggn_and_laplace_equal_the_bnn(likelihood):
+    pb, pn = _pair(likelihood, noise_scale=0.3 if likelihood == "gaussian" else None)
+    perm = _permutation(pb, pn)
+    u = 0.5 * jax.random.normal(jax.random.PRNGKey(1), (pb.num_params,))
+    v = u[perm]
+    with curvature.float64():
+        full_b = curvature.ggn(pb, u, None, "full", 16)
+        full_n = curvature.ggn(pn, v, None, "full", 16)
+        np.testing.assert_allclose(full_n, full_b[np.ix_(perm, perm)], rtol=1e-9, atol=1e-10)
+        diag_n = curvature.ggn(pn, v, None, "diag", 16)
+        np.testing.assert_allclose(diag_n, np.diag(full_b)[perm], rtol=1e-9, atol=1e-10)
+    key = jax.random.PRNGKey(0)
+    index = np.arange(pb.num_params)
+    gb, zb = laplace_gaussian(pb, u, index, "full", 5, key)
+    gn, zn = laplace_gaussian(pn, v, index, "full", 5, key)
+    assert abs(zb - zn) <= 1e-9 * abs(zb)
+    probe = jax.random.normal(jax.random.PRNGKey(2), (pb.num_params,))
+    np.testing.assert_allclose(gn.log_prob(probe[perm]), gb.log_prob(probe), rtol=1e-9)
+
+
+def test_same_map_as_the_bnn():
+    """Logistic regression written both ways: a strictly concave log joint, one MAP."""
+    pb, pn = _pair("bernoulli", hidden=0)
+    perm = _permutation(pb, pn)
+    X, y = _data("bernoulli")
+    fits = [ppl.fit(model, (X, y), method="map", seed=0, steps=3000) for model in (pb.model, pn.model)]
+    ub, un = (jnp.asarray(post.approximation.loc) for post in fits)
+    grad_b = float(jnp.linalg.norm(jax.grad(pb.log_joint)(ub)))
+    grad_n = float(jnp.linalg.norm(jax.grad(pn.log_joint)(un)))
+    mu = 1.0  # prior_scale 1: the log joint's curvature is at least 1/s² = 1
+    assert float(jnp.linalg.norm(un - ub[perm])) <= (grad_b + grad_n) / mu + 1e-8
+
+
+def test_methods_run_and_their_diagnostics_compute():
+    X, y = _data("categorical")
+    model = Network(mlp, template(3, 3), likelihood="categorical", last_layer="dense_1")
+    runs = {
+        "map": {"steps": 300},
+        "svi": {"steps": 300, "num_draws": 100},
+        "laplace": {"steps": 300, "num_draws": 100},  # last layer, full GGN (auto for a Network)
+        "swag": {},
+    }
+    for method, options in runs.items():
+        post = ppl.fit(model, (X, y), method=method, seed=0, **options)
+        assert set(post.draws) == {"dense_0.bias", "dense_0.kernel", "dense_1.bias", "dense_1.kernel"}
+        assert post.draws["dense_0.kernel"].shape[2:] == (3, HIDDEN)
+        diag = post.diagnostics()
+        assert isinstance(diag.ok, bool)
+        metrics = ppl.evaluate(post, (X, y), seed=1)
+        assert np.isfinite(metrics["nll"]) and 0.0 <= metrics["accuracy"] <= 1.0
+        if method == "laplace":
+            assert post.info["hessian"] == "full" and post.info["subset"] == "last_layer"
+            assert post.info["num_free"] == HIDDEN * 3 + 3
+            linear = post.predict(X, seed=1, mode="linearized", num_samples=50)
+            assert linear.probs.shape == (X.shape[0], 3)
+
+
+@pytest.mark.parametrize("hessian", ["full", "diag", "lowrank"])
+def test_laplace_structures_over_all_weights(hessian):
+    X, y = _data("gaussian")
+    model = Network(mlp, template(3, 1), likelihood="gaussian", noise_scale=0.3)
+    post = ppl.fit(model, (X, y), method="laplace", seed=0, subset="all", hessian=hessian, steps=300, num_draws=50, rank=5)
+    assert post.info["num_free"] == 3 * HIDDEN + HIDDEN + HIDDEN + 1
+    assert np.all(np.isfinite(post.flat_draws))
+
+
+def test_learned_noise_and_prior_precision_per_group():
+    X, y = _data("gaussian")
+    model = Network(mlp, template(3, 1), likelihood="gaussian")
+    post = ppl.fit(model, (X, y), method="laplace", seed=0, subset="all", hessian="diag", prior_precision=(1.0, 4.0),
+                   steps=300, num_draws=50)
+    assert "sigma" in post.draws and post.problem.model.prior == PerLayer((1.0, 0.5))
+
+
+def test_output_column_for_one_output_likelihoods():
+    X, y = _data("bernoulli")
+    column = Network(mlp, template(3, 1), likelihood="bernoulli")
+    flat = Network(lambda p, X: mlp(p, X)[:, 0], template(3, 1), likelihood="bernoulli")
+    pc, pf = compile_problem(column, (X, y)), compile_problem(flat, (X, y))
+    u = jax.random.normal(jax.random.PRNGKey(0), (pc.num_params,))
+    assert float(pc.logdensity_fn(u)) == float(pf.logdensity_fn(u))
+
+
+def test_site_names_follow_the_tree():
+    tree = {"layers": [{"w": jnp.zeros((2, 3)), "b": jnp.zeros(3)}, {"w": jnp.zeros((3, 1)), "b": jnp.zeros(1)}], "scale": jnp.ones(())}
+    model = Network(lambda p, X: X @ p["layers"][0]["w"], tree, likelihood="gaussian")
+    assert model.site_names == ("layers.0.b", "layers.0.w", "layers.1.b", "layers.1.w", "scale")
+    assert model.parameter_groups() == (
+        ("layers.0", ("layers.0.b", "layers.0.w")), ("layers.1", ("layers.1.b", "layers.1.w")), ("scale", ("scale",))
+    )
+    # fan-in from the shape (all axes but the last); vectors and scalars are biases
+    assert [(leaf.kind, leaf.fan_in) for leaf in model.leaves] == [("bias", 1), ("weight", 2), ("bias", 1), ("weight", 3), ("bias", 1)]
+    again = Network(model.apply_fn, tree, likelihood="gaussian")
+    assert again == model and hash(again) == hash(model)
+
+
+# -- bad inputs: refused before anything is compiled, saying where ------------------------------------------
+def test_bad_templates_are_refused_with_the_path():
+    ok = template(3, 1)
+    with pytest.raises(OptionError, match=r"'dense_0.steps'.*dtype int"):
+        Network(mlp, {**ok, "dense_0": {**ok["dense_0"], "steps": jnp.zeros(2, dtype=jnp.int32)}})
+    with pytest.raises(OptionError, match=r"'dense_0.act'.*not an array"):
+        Network(mlp, {**ok, "dense_0": {**ok["dense_0"], "act": "tanh"}})
+    with pytest.raises(OptionError, match=r"'dense_1.bias'.*non-finite"):
+        Network(mlp, {**ok, "dense_1": {**ok["dense_1"], "bias": jnp.array([np.nan])}})
+    with pytest.raises(OptionError, match="reserves"):
+        Network(mlp, {**ok, "sigma": jnp.ones(())})
+    with pytest.raises(OptionError, match=r"key 'a\.b'"):
+        Network(mlp, {"a.b": jnp.zeros(2)})
+    with pytest.raises(OptionError, match="no array leaves"):
+        Network(mlp, {})
+    with pytest.raises(OptionError, match=r"last_layer='dense_9' matches no parameter.*'dense_0', 'dense_1'"):
+        Network(mlp, ok, last_layer="dense_9")
+    with pytest.raises(OptionError, match="last_layer='dense' matches no parameter"):
+        Network(mlp, ok, last_layer="dense")  # a prefix of whole path components, not of characters
+    with pytest.raises(OptionError, match="PerLayer with 3 scales but the template has 2 parameter groups"):
+        Network(mlp, ok, prior=PerLayer((1.0, 1.0, 1.0)))
+    with pytest.raises(OptionError, match="apply_fn must be a function"):
+        Network(None, ok)
+
+
+def test_bad_outputs_are_refused_before_fitting():
+    X, y = _data("bernoulli")
+    with pytest.raises(DataError, match="returns 3 outputs per input.*likelihood='categorical'"):
+        ppl.fit(Network(mlp, template(3, 3), likelihood="bernoulli"), (X, y), method="map", seed=0)
+    with pytest.raises(DataError, match="categorical needs C ≥ 2 logits"):
+        ppl.fit(Network(mlp, template(3, 1), likelihood="categorical"), (X, y), method="map", seed=0)
+    Xc, yc = _data("categorical")
+    with pytest.raises(DataError, match=r"y\[\d+\] = 2 but apply_fn returns 2 logits"):
+        ppl.fit(Network(mlp, template(3, 2), likelihood="categorical"), (Xc, yc), method="map", seed=0)
+    with pytest.raises(DataError, match=r"apply_fn failed on inputs of shape \(2, 3\)"):
+        ppl.fit(Network(mlp, template(4, 1), likelihood="bernoulli"), (X, y), method="map", seed=0)
+    with pytest.raises(DataError, match="one row per input"):
+        ppl.fit(Network(lambda p, X: jnp.sum(mlp(p, X)), template(3, 1), likelihood="bernoulli"), (X, y), method="map", seed=0)
+
+
+def test_structure_it_does_not_have_is_refused():
+    X, y = _data("bernoulli")
+    plain = Network(mlp, template(3, 1), likelihood="bernoulli")
+    with pytest.raises(OptionError, match="K-FAC.*cannot handle the parameter groups dense_0, dense_1"):
+        ppl.fit(plain, (X, y), method="laplace", seed=0, hessian="kfac")
+    with pytest.raises(OptionError, match=r"subset='last_layer' needs to know the output layer.*last_layer="):
+        ppl.fit(plain, (X, y), method="laplace", seed=0, subset="last_layer")
+    with pytest.raises(OptionError, match="no declared dense structure"):
+        ppl.fit(plain, (X, y), method="svi", seed=0, local_reparam=True, steps=10)
+    with pytest.raises(ValueError, match="apply_fn is code"):
+        ppl.models.from_config(compile_problem(plain, (X, y)).model.to_config())
+
+
+def test_a_saved_network_run_keeps_its_record_but_is_never_rebuilt(tmp_path):
+    X, y = _data("bernoulli")
+    post = ppl.fit(Network(mlp, template(3, 1), likelihood="bernoulli"), (X, y), method="map", seed=0, steps=50)
+    post.save(tmp_path / "run")
+    with pytest.raises(ppl.RunError, match="apply_fn is code"):
+        ppl.load(tmp_path / "run")
