@@ -38,6 +38,7 @@ from functools import partial
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ppl._errors import OptionError
 
@@ -249,10 +250,8 @@ def group_slices(problem) -> list:
     return out
 
 
-def network_mask(problem) -> "np.ndarray":
+def network_mask(problem) -> np.ndarray:
     """(P,) flags of the network's weights and biases in u (the rest: a noise scale)."""
-    import numpy as np
-
     mask = np.zeros(problem.num_params, bool)
     for start, size in group_slices(problem):
         mask[start : start + size] = True
@@ -374,4 +373,18 @@ def describe_memory(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
 
 
-__all__ += ["prior_precision_diagonal", "memory_bytes", "describe_memory"]
+__all__ += ["prior_precision_diagonal", "memory_bytes", "describe_memory", "largest_eigenvalue"]
+
+
+def largest_eigenvalue(hvp, key, like: jax.Array, iterations: int) -> jax.Array:
+    """|largest eigenvalue| of the symmetric operator ``hvp`` (a Hessian-vector product on vectors
+    shaped like ``like``), by ``iterations`` steps of power iteration from a random start; traceable.
+    SWAG caps its SGD rate with it and SG-MCMC its step size."""
+
+    def body(_, v):
+        w = hvp(v)
+        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(like.dtype).tiny)
+
+    v = jax.random.normal(key, like.shape, like.dtype)
+    v = jax.lax.fori_loop(0, iterations, body, v / jnp.linalg.norm(v))
+    return jnp.abs(jnp.vdot(v, hvp(v)))

@@ -43,6 +43,7 @@ from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference.optimize import INITS, minibatch_indices
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSGLD", "Whitening", "whitening", "curvature_scale"]
@@ -114,13 +115,7 @@ def _top_curvature(problem, u, key, white, iterations: int = POWER_ITERATIONS):
     def hvp(v):
         return -white.pull(jax.jvp(grad, (u,), (white.to_u(v),))[1])
 
-    def body(_, v):
-        w = hvp(v)
-        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(u.dtype).tiny)
-
-    v = jax.random.normal(key, u.shape, u.dtype)
-    v = jax.lax.fori_loop(0, iterations, body, v / jnp.linalg.norm(v))
-    return jnp.abs(jnp.vdot(v, hvp(v)))
+    return largest_eigenvalue(hvp, key, u, iterations)
 
 
 def curvature_scale(problem, starts, key, white) -> float:

@@ -37,6 +37,7 @@ from ppl._errors import OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
+from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
@@ -93,13 +94,7 @@ def _sharpness(problem, u, key):
     def hvp(v):
         return jax.jvp(grad, (u,), (v,))[1]
 
-    def body(_, v):
-        w = hvp(v)
-        return w / jnp.maximum(jnp.linalg.norm(w), jnp.finfo(u.dtype).tiny)
-
-    v = jax.random.normal(key, u.shape, u.dtype)
-    v = jax.lax.fori_loop(0, SHARPNESS_ITERATIONS, body, v / jnp.linalg.norm(v))
-    return jnp.abs(jnp.vdot(v, hvp(v)))
+    return largest_eigenvalue(hvp, key, u, SHARPNESS_ITERATIONS)
 
 
 def stable_rate(problem, starts, key, learning_rate: float) -> float:
