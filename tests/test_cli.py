@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from ppl.cli import main
 
 
@@ -35,6 +37,7 @@ def test_csv_file_with_target_column(tmp_path, capsys):
                  "--out", str(tmp_path / "r"), "--no-progress"]) == 0
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_fit_and_show_a_vae_with_its_figure(tmp_path, capsys):
     out = tmp_path / "vae"
     args = ["fit", "--model", "vae", "--data", "digits_binary", "--method", "svi", "--set", "objective=iwae",
@@ -73,6 +76,7 @@ def test_datasets_and_methods(capsys):
     assert "num_samples = 1000" in text
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_console_script_in_default_float32(tmp_path):
     # A separate process: the user's default precision (float32), not the tests' float64.
     import subprocess

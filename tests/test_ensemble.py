@@ -99,6 +99,7 @@ def test_minibatch_indices_are_those_of_jax_random_choice():
             np.testing.assert_array_equal(order, np.argsort(tied, kind="stable"))
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_members_spread_over_several_devices_give_the_same_results(cancer):
     # With more than one device (here two CPU devices, set before JAX starts, so in a subprocess)
     # the members are split over them by shard_map; each member's arithmetic is unchanged.

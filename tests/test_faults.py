@@ -250,6 +250,7 @@ KILL_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_sigkill_during_save_leaves_the_old_or_the_new_run(tmp_path):
     folder = tmp_path / "run"
     script = tmp_path / "saver.py"
@@ -783,6 +784,7 @@ LOAD_RACE_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_loading_while_another_process_saves_never_mixes_two_runs(tmp_path, linear_model, linear_data):
     folder = tmp_path / "run"
     script = tmp_path / "saver.py"

@@ -25,6 +25,7 @@ def _moments(post):
     return flat.mean(axis=0), flat.std(axis=0), ess
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_metropolis_matches_a_long_nuts_run():
     X, y = _logistic_2d()
     model = LogisticRegression(prior_scale=2.0)

@@ -143,6 +143,7 @@ def test_same_map_as_the_bnn():
     assert float(jnp.linalg.norm(un - ub[perm])) <= (grad_b + grad_n) / mu + 1e-8
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_methods_run_and_their_diagnostics_compute():
     X, y = _data("categorical")
     model = Network(mlp, template(3, 3), likelihood="categorical", last_layer="dense_1")

@@ -68,6 +68,7 @@ def test_swag_elbo_is_finite_and_below_the_log_evidence(swag_linear, linear_trut
     assert any("k-hat" in w for w in diag.warnings)
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_swag_on_a_network_predicts_saves_and_loads(tmp_path):
     data = ppl.datasets.load("breast_cancer", seed=0)
     model = BNN(hidden=(8,), likelihood="bernoulli")

@@ -23,6 +23,7 @@ def _ppl(*args, cwd, timeout=600):
 
 
 # -- the verdict ---------------------------------------------------------------------------------
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_the_verdict_names_the_deciding_figure_and_what_to_try(linear_model, linear_data):
     post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="mean_field", steps=300)
     diag = post.diagnostics()
@@ -60,6 +61,7 @@ def test_a_note_shared_by_several_fields_is_written_once(linear_model, linear_da
 
 
 # -- what ran, and the output without a terminal --------------------------------------------------
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path):
     done = _ppl("fit", "--model", "bnn", "--data", "iris", "--method", "map", "--set", "hidden=4", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
@@ -192,6 +194,7 @@ def test_predict_raw_csv_rows_as_training_prepared_them(tmp_path):
     assert odd.returncode == 2 and "'maybe'" in odd.stderr and "training classes" in odd.stderr
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_predict_reports_regression_in_the_target_s_own_units(tmp_path):
     fitted = _ppl("fit", "--model", "linear", "--data", "diabetes", "--method", "exact", "--out", "run", "--no-progress",
                   cwd=tmp_path)

@@ -94,6 +94,7 @@ def test_beta_trades_rate_for_distortion(digits):
     assert distortions[0] < distortions[1] < distortions[2], distortions
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_vae_api_save_load_and_show(digits, tmp_path, capsys):
     post = _small_vae(digits, latent_dim=2, steps=600)
     X = digits.test.X[:6]
