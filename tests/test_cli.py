@@ -21,6 +21,7 @@ def test_fit_then_show(tmp_path, capsys):
     assert "exact" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_fit_bnn_with_model_and_method_options(tmp_path, capsys):
     out = tmp_path / "bnn"
     args = ["fit", "--model", "bnn", "--data", "iris", "--method", "svi", "--set", "hidden=4",

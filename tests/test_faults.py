@@ -626,6 +626,7 @@ def funnel(dim: int = 9, centred: bool = True):
     numpyro.sample("y", dist.Normal(0.0, 1.0), obs=jnp.zeros(()))
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_neals_funnel_centred_is_flagged_non_centred_passes():
     options = dict(num_warmup=500, num_samples=1000, num_chains=4)
     centred = ppl.fit(funnel, {"centred": True}, method="nuts", seed=0, **options).diagnostics()

@@ -145,6 +145,7 @@ def test_every_method_serves_the_vae_or_points_to_the_local_model(method, digits
             ppl.fit(model, digits.train.X, method=method, seed=0)
 
 
+@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_local_posterior_by_nuts_agrees_with_the_encoder_roughly(digits):
     post = _small_vae(digits, latent_dim=2)
     X = digits.test.X[:5]
