@@ -13,6 +13,7 @@ import pytest
 
 import ppl
 from ppl.cli import main
+from ppl.diagnostics import wasserstein1
 from ppl.models import LinearRegression, LogisticRegression
 
 
@@ -29,8 +30,19 @@ def test_rows_hold_every_method_and_the_reference_is_at_distance_zero(linear_res
     rows = {r["method"]: r for r in linear_result.rows}
     assert list(rows) == ["exact", "map", "laplace", "nuts"]
     assert rows["exact"]["wasserstein1"] == 0.0
-    # Laplace on the conjugate model is the exact posterior: its predictive matches up to Monte Carlo error of W1
-    assert rows["laplace"]["wasserstein1"] < 0.05 and rows["map"]["wasserstein1"] > rows["laplace"]["wasserstein1"]
+    # Laplace on the conjugate model is the exact posterior: its W1 to the reference is Monte Carlo error
+    # only. That error's size is measured here, as the W1 between the reference and exact refits with
+    # other seeds (independent draws of the same predictive; 0.007 each at seed 0), and Laplace must
+    # stay within 1.5 times the largest of them; MAP, which lacks the epistemic part, lies further off.
+    data = ppl.datasets.load("linear", seed=0)
+    reference = linear_result.predictions["exact"]
+    noise = max(
+        wasserstein1(ppl.fit(LinearRegression(noise_scale=0.5), data.train, method="exact", seed=s)
+                     .predict(data.test.X, seed=0), reference, seed=0)
+        for s in (1, 2)
+    )
+    assert rows["laplace"]["wasserstein1"] < 1.5 * noise
+    assert rows["map"]["wasserstein1"] > rows["laplace"]["wasserstein1"]
     assert rows["exact"]["error"] is None and rows["exact"]["ok"] is True
     assert rows["nuts"]["error"].startswith("the fit failed") and "GiB" in rows["nuts"]["error"]
     assert rows["nuts"]["nll"] is None
