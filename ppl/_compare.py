@@ -54,7 +54,6 @@ class Comparison:
     elpd: list | None = None
     notes: list = field(default_factory=list)
     test: tuple | None = None
-    target_scale: tuple = (0.0, 1.0)
 
     def row(self, method: str) -> dict:
         for row in self.rows:
@@ -123,16 +122,15 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
     if isinstance(data, Dataset):
         train, test = data.train, (data.test if test is None else test)
         ood = data.ood.X if ood is None and data.ood is not None else ood
-        name, target_scale = data.name, (data.target_mean, data.target_std)
-        shifted = data if getattr(data, "shifts", None) else None
+        name, dataset = data.name, data
     else:
-        train, name, target_scale, shifted = data, "data", (0.0, 1.0), None
+        train, name, dataset = data, "data", None
     if test is not None and not isinstance(test, Split):
         test = Split(*test)
     chosen = _chosen_methods(model, train, methods, reference, options)
     result = Comparison(task=_task(model), data_name=name, model=_model_name(model), seed=int(seed),
                         reference=reference, test=None if test is None else (np.asarray(test.X), np.asarray(test.y)),
-                        target_scale=target_scale, shift_name=getattr(shifted, "shift_name", None))
+                        shift_name=getattr(dataset, "shift_name", None))
     if methods is None:
         skipped = [f"{m} ({why})" for m, why in chosen["skipped"].items()]
         if skipped:
@@ -152,7 +150,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             continue
         result.posteriors[method] = posterior
         log(f"  {method} done in {posterior.wall_time_s:.1f} s")
-    _score(result, test, ood, seed, target_scale, shifted)
+    _score(result, test, ood, seed, dataset)
     result.rows.sort(key=lambda r: chosen["run"].index(r["method"]))  # the order fitted, reference first
     return result
 
@@ -171,7 +169,7 @@ def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparis
                         seed=int(seed), reference=reference,
                         test=None if test is None else (np.asarray(test.X), np.asarray(test.y)))
     result.posteriors = dict(posteriors)
-    _score(result, test, ood, seed, (0.0, 1.0), None)
+    _score(result, test, ood, seed, None)
     return result
 
 
@@ -218,12 +216,13 @@ def _chosen_methods(model, train, methods, reference, options) -> dict:
     return {"run": run, "skipped": skipped}
 
 
-def _score(result: Comparison, test, ood, seed, target_scale, shifted) -> None:
+def _score(result: Comparison, test, ood, seed, dataset) -> None:
     """Fill the rows of the fitted posteriors (errors in one stage become that row's error);
-    ``shifted``: a Dataset with shifted test sets, or None."""
+    ``dataset``: the Dataset compared on (its target scaling and shifted test sets), or None."""
     from ppl.diagnostics import metrics as M
 
     fitted = [r["method"] for r in result.rows]  # failed fits already have their row
+    scale = 1.0 if dataset is None else float(dataset.target_std)  # W1 in the target's own units
     reference_pred = None
     for method, posterior in result.posteriors.items():
         row = _failed_row(method, None, posterior.wall_time_s)
@@ -232,7 +231,7 @@ def _score(result: Comparison, test, ood, seed, target_scale, shifted) -> None:
             if test is not None:
                 prediction = posterior.predict(test.X, seed=seed)
                 result.predictions[method] = prediction
-                _test_columns(row, prediction, np.asarray(test.y), result.task, target_scale)
+                _test_columns(row, prediction, np.asarray(test.y), result.task, dataset)
                 if ood is not None:
                     out = posterior.predict(np.asarray(ood), seed=seed)
                     result.ood_predictions[method] = out
@@ -246,9 +245,9 @@ def _score(result: Comparison, test, ood, seed, target_scale, shifted) -> None:
                         row["agreement"] = M.agreement(prediction, reference_pred)
                         row["total_variation"] = M.total_variation(prediction, reference_pred)
                     else:
-                        row["wasserstein1"] = M.wasserstein1(prediction, reference_pred, seed=seed) * target_scale[1]
-            if shifted is not None:
-                result.shifts[method] = M.shift_metrics(posterior, shifted, seed=seed)
+                        row["wasserstein1"] = M.wasserstein1(prediction, reference_pred, seed=seed) * scale
+            if getattr(dataset, "shifts", None):
+                result.shifts[method] = M.shift_metrics(posterior, dataset, seed=seed)
         except KeyboardInterrupt:
             raise
         except Exception as error:
@@ -301,7 +300,7 @@ def _diagnostic_columns(row: dict, d) -> None:
     )
 
 
-def _test_columns(row: dict, prediction, y, task: str, target_scale) -> None:
+def _test_columns(row: dict, prediction, y, task: str, dataset) -> None:
     from ppl.diagnostics import metrics as M
 
     if task == "classification":
@@ -310,11 +309,7 @@ def _test_columns(row: dict, prediction, y, task: str, target_scale) -> None:
             row["selective_area"] = M.selective_prediction(prediction, y, score="entropy").area
         return
     metrics = M.regression_metrics(prediction, y)
-    # in the target's own units: the density shrinks by the scale, distances grow by it
-    shift, scale = target_scale
-    outputs = 1 if np.ndim(y) == 1 else np.shape(y)[1]
-    row.update(nll=metrics["nll"] + outputs * math.log(scale), rmse=metrics["rmse"] * scale,
-               coverage_90=metrics["coverage_90"])
+    row.update(metrics if dataset is None else dataset.in_target_units(metrics))  # the target's own units
 
 
 COLUMNS = (
