@@ -15,7 +15,7 @@ from ppl import datasets
 from ppl._calibrate import Calibration, Conformal, calibrate, conformal
 from ppl._checkpoint import Interrupted
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
-from ppl._compare import Comparison, compare
+from ppl._compare import Comparison, ComparisonInterrupted, compare
 from ppl._evaluate import evaluate
 from ppl._fit import fit
 from ppl._io import load
@@ -31,6 +31,7 @@ __all__ = [
     "evaluate",
     "compare",
     "Comparison",
+    "ComparisonInterrupted",
     "kfold",
     "KFold",
     "Posterior",

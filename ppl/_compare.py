@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl._errors import OptionError
+from ppl._errors import OptionError, ResumeError
 
-__all__ = ["compare", "Comparison"]
+__all__ = ["compare", "Comparison", "ComparisonInterrupted"]
 
 # Methods a default comparison leaves out: hmc repeats nuts with a fixed path length, and mh's
 # random-walk proposals do not mix on a network's hundreds of weights.
@@ -85,8 +85,21 @@ class Comparison:
         return write_report(self, folder)
 
 
+class ComparisonInterrupted(KeyboardInterrupt):
+    """Ctrl-C stopped :func:`ppl.compare` during a fit.
+
+    ``method`` is the fit that was stopped and ``finished`` the methods fitted before it. With
+    ``fits=`` given, nothing is lost: the finished fits and the stopped one's state are saved in
+    ``fits`` and the same call continues from there. Uncaught, it behaves as any Ctrl-C.
+    """
+
+    def __init__(self, message: str, *, method: str, finished: list, fits):
+        super().__init__(message)
+        self.method, self.finished, self.fits = method, list(finished), fits
+
+
 def compare(model, data=None, *, methods=None, reference: str | None = "nuts", seed, options: dict | None = None,
-            test=None, ood=None, log=None) -> Comparison:
+            test=None, ood=None, fits=None, log=None) -> Comparison:
     """Fit each method to ``model`` and ``data`` and compare them.
 
     Args:
@@ -101,10 +114,16 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             sampler is allowed, and the notes say what that means.
         seed: the seed of every fit and prediction.
         options: method -> its options, e.g. ``{"nuts": {"num_chains": 2}}``.
+        fits: a folder that keeps each fit as it ends (``fits/<method>``, a run folder that
+            ``ppl.load`` reads). Called again with the same folder, a comparison reuses the fits
+            already there and continues one that Ctrl-C stopped, so an interrupted comparison
+            resumes where it stopped. A saved fit of other settings (model, data, options, seed) is
+            refused before anything runs, naming what differs.
         log: called with one line of text as each method starts and ends (the CLI prints them).
 
     A method that fails (a non-finite loss, a memory refusal, a model it does not support) becomes
-    a row whose ``error`` says why; the others still run.
+    a row whose ``error`` says why; the others still run. Ctrl-C stops the comparison at the running
+    fit's next chunk of steps and raises :class:`ComparisonInterrupted` (see ``fits``).
 
     >>> import ppl
     >>> from ppl.models import LinearRegression
@@ -137,22 +156,79 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             result.notes.append("not run (they do not accept this model): " + "; ".join(skipped))
     import ppl
 
+    saved = _saved_fits(fits, model, train, chosen["run"], seed, options)
     for method in chosen["run"]:
-        log(f"fitting {method} …")
+        path = None if fits is None else Path(fits) / method
+        if saved.get(method) == "complete":
+            # a declarative model is rebuilt from the saved configuration; a program is passed back
+            result.posteriors[method] = ppl.load(path, model=None if hasattr(model, "to_config") else model)
+            log(f"{method}: the fit saved in {path} is reused")
+            continue
+        resume = path if saved.get(method) == "partial" else None
+        log(f"continuing {method} from {path} …" if resume else f"fitting {method} …")
         start = time.perf_counter()
         try:
-            posterior = ppl.fit(model, train, method=method, seed=seed, **options.get(method, {}))
+            posterior = ppl.fit(model, train, method=method, seed=seed, resume=resume, **options.get(method, {}))
+        except ppl.Interrupted as stop:  # before the method had anything to return
+            if path is not None and stop.resume_state is not None:
+                stop.save(path)
+            raise _interrupted(method, list(result.posteriors), fits) from None
         except KeyboardInterrupt:
-            raise
+            raise _interrupted(method, list(result.posteriors), fits) from None
         except Exception as error:  # a failed method is a row that says why; the others still run
             result.rows.append(_failed_row(method, f"the fit failed: {_said(error)}", time.perf_counter() - start))
             log(f"  {method} failed: {_said(error)}")
             continue
+        if path is not None:
+            from ppl import _io
+
+            _io.save_posterior(posterior, path)
+        if posterior.status.interrupted:
+            raise _interrupted(method, list(result.posteriors), fits)
         result.posteriors[method] = posterior
         log(f"  {method} done in {posterior.wall_time_s:.1f} s")
     _score(result, test, ood, seed, dataset)
     result.rows.sort(key=lambda r: chosen["run"].index(r["method"]))  # the order fitted, reference first
     return result
+
+
+def _saved_fits(fits, model, train, methods, seed, options) -> dict:
+    """method -> "complete" or "partial" for the fits already in the ``fits`` folder; a saved fit
+    of other settings is refused here, before anything is fitted."""
+    if fits is None:
+        return {}
+    from ppl import _io
+    from ppl._fit import differences, fingerprint_of
+
+    folder = Path(fits)
+    if folder.exists() and not folder.is_dir():
+        raise OptionError(f"fits={str(folder)!r} is a file; give a folder (it is created if missing)")
+    found = {}
+    for method in methods:
+        path = folder / method
+        if not (path / "manifest.json").is_file():
+            continue
+        meta, _, _ = _io.read_run_meta(path)
+        now = fingerprint_of(model, train, method, seed=seed, **options.get(method, {}))
+        differ = differences(meta.get("fingerprint") or {}, now)
+        if differ:
+            raise ResumeError(
+                f"{path} holds a {method} fit of other settings — " + "; ".join(differ)
+                + f" (the saved value first) — give another fits folder, or delete {path} to fit it afresh"
+            )
+        if meta.get("status") == "complete":
+            found[method] = "complete"
+        elif meta.get("status") in ("interrupted", "checkpoint"):
+            found[method] = "partial"
+        # a failed fit is fitted again (and fails again, saying why, if nothing changed)
+    return found
+
+
+def _interrupted(method: str, finished: list, fits) -> ComparisonInterrupted:
+    where = (f"; the fits so far are saved in {fits}, and the same call continues from there" if fits is not None
+             else "; pass fits=<folder> to keep fits across an interruption")
+    return ComparisonInterrupted(f"interrupted while fitting {method} (finished: {', '.join(finished) or 'none'}){where}",
+                                 method=method, finished=finished, fits=fits)
 
 
 def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparison:

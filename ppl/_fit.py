@@ -14,7 +14,7 @@ from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import as_key, seed_record
 from ppl._problem import compile_problem
 
-__all__ = ["fit"]
+__all__ = ["fit", "fingerprint_of"]
 
 
 def fit(
@@ -188,3 +188,22 @@ def _differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
             else:
                 out.append(f"{name}: checkpoint {a!r}, now {b!r}")
     return out
+
+
+def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, tempering: str = "likelihood",
+                   function_sites=None, **options) -> dict:
+    """What a fit of these arguments records as its identity (``Posterior.fingerprint``), without running it.
+
+    A saved run whose fingerprint equals this one is that fit: ``ppl.compare(..., fits=)`` reuses it.
+    """
+    from ppl import _io
+    from ppl.inference import registry
+
+    method_obj = registry.create(method, options)
+    problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
+    return _io._unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
+
+
+def differences(saved: dict, now: dict) -> list[str]:
+    """What differs between two fingerprints, in words (empty when they describe the same fit)."""
+    return _differences(saved, now)

@@ -6,6 +6,7 @@ Bad input or usage exits with status 2 and writes nothing.
 from __future__ import annotations
 
 import argparse
+import json
 import dataclasses
 import sys
 import typing
@@ -32,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
         help="the column of a CSV file to predict; required when the file has more than two columns "
         "(with two, the last is the target)",
     )
+    fit.add_argument("--split", type=_split_number, metavar="K",
+                     help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
     fit.add_argument("--method", help="a method name (see `ppl methods`; default nuts)")
     fit.add_argument("--seed", type=_seed, help="default 0")
     fit.add_argument(
@@ -61,22 +64,29 @@ def _parser() -> argparse.ArgumentParser:
         help="fit several methods to one model and data, print one table and write report.html with figures "
         "(with no options: a BNN on two_moons, every method that accepts it, NUTS as the reference)",
     )
-    comp.add_argument("--model", choices=MODELS, default="bnn", help="default bnn")
-    comp.add_argument("--data", default=COMPARE_DATA, help=f"a dataset name or a .csv/.npz file (default {COMPARE_DATA})")
+    comp.add_argument("--model", choices=MODELS, help="default bnn")
+    comp.add_argument("--data", help=f"a dataset name or a .csv/.npz file (default {COMPARE_DATA})")
+    comp.add_argument("--split", type=_split_number, metavar="K",
+                      help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
     comp.add_argument("--target", metavar="COLUMN", help="the column of a CSV file to predict (as for ppl fit)")
     comp.add_argument(
         "--methods", help="comma-separated method names (default: every registered method that accepts the model, "
         "less hmc and mh)",
     )
-    comp.add_argument("--reference", default="nuts", help="the method the others are measured against, or 'none' "
+    comp.add_argument("--reference", help="the method the others are measured against, or 'none' "
                       "(default nuts; fitted too when not in --methods)")
-    comp.add_argument("--seed", type=_seed, default=0, help="default 0")
+    comp.add_argument("--seed", type=_seed, help="default 0")
     comp.add_argument(
         "--set", action="append", default=[], metavar="[METHOD.]KEY=VALUE",
         help="a model option (hidden=16) or one method's option (nuts.num_chains=2); repeatable",
     )
     comp.add_argument("--out", help="report folder (default: a new runs/compare-<data>-<model>-seed<N>[-K] folder)")
-    comp.add_argument("--force", action="store_true", help="replace the report already in --out")
+    comp.add_argument("--force", action="store_true", help="replace the report (or unfinished comparison) in --out")
+    comp.add_argument(
+        "--resume", metavar="DIR",
+        help="continue the comparison that Ctrl-C stopped in DIR: the fits it finished are reused, the one it "
+        "stopped continues (its settings are reused; any you give must match)",
+    )
     show = sub.add_parser("show", help="print a saved run")
     show.add_argument("path", help="a run folder, or any file inside one")
     show.add_argument(
@@ -127,6 +137,13 @@ def _at_least_two(text: str) -> int:
     return value
 
 
+def _split_number(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a split number is 0 or more, got {value}")
+    return value
+
+
 def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -167,6 +184,8 @@ def _load_data(args):
     from ppl import datasets
 
     if Path(args.data).suffix in (".csv", ".npz"):
+        if getattr(args, "split", None) is not None:
+            raise UsageError(f"--split applies to the UCI sets' canonical splits, not to the file {args.data}")
         if args.model == "vae":
             if args.target is not None:
                 raise UsageError("--model vae models the data alone: drop --target")
@@ -181,6 +200,12 @@ def _load_data(args):
         return data
     if args.data not in datasets.names():
         raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
+    split = getattr(args, "split", None)
+    if split is not None and args.data not in datasets.UCI_FOLDERS:
+        raise UsageError(f"--split {split}: only the UCI sets ({', '.join(datasets.UCI_FOLDERS)}) have canonical splits; "
+                         f"{args.data!r} is split by --seed")
+    if args.data in datasets.UCI_FOLDERS:
+        return datasets.load(args.data, split=split or 0)
     return datasets.load(args.data, seed=args.seed)
 
 
@@ -245,6 +270,10 @@ INVOCATION = "invocation.json"
 COMPARE_DATA = "two_moons"
 
 
+COMPARE_DEFAULTS = {"model": "bnn", "data": COMPARE_DATA, "reference": "nuts", "seed": 0}
+FITS = "fits"  # the report folder's sub-folder holding each method's fit as a run folder
+
+
 def _compare(args) -> int:
     import os
     import shutil
@@ -256,6 +285,11 @@ def _compare(args) -> int:
     from ppl._compare import _chosen_methods
     from ppl.inference import registry
 
+    if args.resume:
+        _apply_compare_resume(args)
+    for key, value in COMPARE_DEFAULTS.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
     if methods is not None and not methods:
         raise UsageError("--methods is empty; give comma-separated method names (see ppl methods)")
@@ -292,19 +326,31 @@ def _compare(args) -> int:
     data = _load_data(args)
     model = _build_model(args, data, model_opts)
     _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
-    out = _compare_folder(args, data)
+    out = Path(args.resume) if args.resume else _compare_folder(args, data)
     _check_writable_parent(out)
+    if not args.resume:
+        if out.exists():
+            shutil.rmtree(out)  # a report or an unfinished comparison, replaced as --force asked
+        out.mkdir(parents=True)
+        (out / INVOCATION).write_text(json.dumps(_compare_invocation(args), indent=1))
     _progress.enable(False)
     started = time.perf_counter()
-    result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
-                         log=lambda line: print(line, flush=True))
-    # written beside the target folder, then renamed into place: never half a report
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
+                             fits=out / FITS, log=lambda line: print(line, flush=True))
+    except ppl.ComparisonInterrupted as stop:
+        print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
+              f"ppl compare --resume {out}", file=sys.stderr)
+        return 130
+    # The report is written beside the folder, takes the fits and the invocation, then is renamed
+    # into place: never half a report.
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         result.write_report(staging)
-        if out.exists():
-            shutil.rmtree(out)
+        for name in (FITS, INVOCATION):
+            if (out / name).exists():
+                os.replace(out / name, staging / name)
+        shutil.rmtree(out)
         os.replace(staging, out)
     finally:
         if staging.exists():
@@ -313,26 +359,80 @@ def _compare(args) -> int:
     print()
     print(_safe(result.table()))
     print()
-    print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table); {elapsed:.0f} s in all")
+    print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table, {FITS}/ each method's "
+          f"fit); {elapsed:.0f} s in all")
     return 0
 
 
+def _compare_invocation(args) -> dict:
+    return {
+        "command": "compare", "model": args.model, "data": args.data, "target": args.target, "split": args.split,
+        "methods": args.methods, "reference": args.reference, "seed": args.seed, "set": list(args.set),
+    }
+
+
+def _valid_compare_invocation(saved) -> bool:
+    def text_or_none(value):
+        return value is None or (isinstance(value, str) and len(value) < 4096)
+
+    return (
+        isinstance(saved, dict)
+        and set(saved) == {"command", "model", "data", "target", "split", "methods", "reference", "seed", "set"}
+        and saved["command"] == "compare"
+        and saved["model"] in MODELS
+        and isinstance(saved["data"], str) and len(saved["data"]) < 4096
+        and all(text_or_none(saved[key]) for key in ("target", "methods", "reference"))
+        and _split_or_none(saved["split"])
+        and isinstance(saved["seed"], int) and not isinstance(saved["seed"], bool) and 0 <= saved["seed"] < 2**32
+        and isinstance(saved["set"], list) and all(isinstance(item, str) and len(item) < 4096 for item in saved["set"])
+    )
+
+
+def _apply_compare_resume(args) -> None:
+    """Fill the comparison's arguments from the unfinished one in --resume; refuse any given one that differs."""
+    folder = Path(args.resume)
+    if args.out is not None and Path(args.out).resolve() != folder.resolve():
+        raise UsageError(f"--resume {folder} continues in its own folder; drop --out {args.out}")
+    if args.force:
+        raise UsageError("--resume continues a comparison and --force starts one afresh; give one of them")
+    if not folder.is_dir():
+        raise UsageError(f"--resume {folder}: no such folder")
+    if (folder / "report.html").exists():
+        raise UsageError(f"--resume {folder}: this comparison finished (its report.html is there); nothing to continue")
+    try:
+        saved = json.loads((folder / INVOCATION).read_text())
+    except (OSError, ValueError):
+        saved = None
+    if not _valid_compare_invocation(saved):
+        raise RunError(f"--resume {folder}: no valid {INVOCATION} of `ppl compare`; only a comparison that "
+                       "`ppl compare` started can be continued")
+    differences = []
+    _take_saved_arguments(args, {k: v for k, v in saved.items() if k != "command"}, differences)
+    if differences:
+        raise ResumeError(f"{folder} was started differently — " + "; ".join(differences) + " — drop or match them")
+
+
 def _compare_folder(args, data) -> Path:
-    """The report folder: --out (refused when it holds anything but a report, or a report without
-    --force), or a new numbered folder under runs/."""
+    """The report folder: --out (refused when it holds anything but a report or an unfinished
+    comparison, and either of those without --force), or a new numbered folder under runs/."""
     if args.out is not None:
         out = Path(args.out)
-        if out.exists() and not (out / "report.html").exists() and any(out.iterdir()):
+        report, unfinished = (out / "report.html").exists(), (out / INVOCATION).exists()
+        if out.exists() and not (report or unfinished) and any(out.iterdir()):
             raise UsageError(f"--out {out} is a folder that holds no ppl report; choose another folder")
-        if (out / "report.html").exists() and not args.force:
+        if report and not args.force:
             raise UsageError(f"--out {out} already holds a report; choose another folder, or add --force to replace it")
+        if unfinished and not args.force:
+            raise UsageError(f"--out {out} holds a comparison that did not finish; continue it with "
+                             f"ppl compare --resume {out}, or add --force to start afresh")
         return out
-    return _unused_folder(Path("runs") / f"compare-{data.name}-{args.model}-seed{args.seed}")
+    split = "" if args.split is None else f"-split{args.split}"
+    return _unused_folder(Path("runs") / f"compare-{data.name}{split}-{args.model}-seed{args.seed}")
 
 
 def _invocation(args) -> dict:
     return {
-        "model": args.model, "data": args.data, "target": args.target, "method": args.method,
+        "model": args.model, "data": args.data, "target": args.target, "split": args.split, "method": args.method,
         "seed": args.seed, "set": list(args.set),
     }
 
@@ -343,7 +443,8 @@ def _valid_invocation(saved) -> bool:
 
     return (
         isinstance(saved, dict)
-        and set(saved) == {"model", "data", "target", "method", "seed", "set"}
+        and set(saved) - {"split"} == {"model", "data", "target", "method", "seed", "set"}  # split: since 0.1
+        and _split_or_none(saved.get("split"))
         and saved["model"] in MODELS
         and isinstance(saved["data"], str)
         and text_or_none(saved["target"])
@@ -351,6 +452,10 @@ def _valid_invocation(saved) -> bool:
         and isinstance(saved["seed"], int) and not isinstance(saved["seed"], bool) and 0 <= saved["seed"] < 2**32
         and isinstance(saved["set"], list) and all(isinstance(item, str) for item in saved["set"])
     )
+
+
+def _split_or_none(value) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**6)
 
 
 def _apply_resume(args) -> None:
@@ -370,16 +475,21 @@ def _apply_resume(args) -> None:
     if not _valid_invocation(saved):
         raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
     differences = []
+    _take_saved_arguments(args, saved, differences)
+    if differences:
+        raise ResumeError(f"{folder} was fitted differently — " + "; ".join(differences) + " — drop or match them")
+    if args.out is None:
+        args.out = str(folder)
+
+
+def _take_saved_arguments(args, saved: dict, differences: list) -> None:
+    """Fill the arguments not given from a saved invocation; note each given one that differs."""
     for key, value in saved.items():
         given = getattr(args, key)
         if given in (None, []):
             setattr(args, key, value)
         elif given != value:
             differences.append(f"--{key}: the run used {value!r}, now {given!r}")
-    if differences:
-        raise ResumeError(f"{folder} was fitted differently — " + "; ".join(differences) + " — drop or match them")
-    if args.out is None:
-        args.out = str(folder)
 
 
 def _fit(args) -> int:
@@ -571,6 +681,8 @@ def _data_source(args, data) -> dict:
         "test_rows": int(len(data.test.X)), "target": data.target, "features": data.features,
         "classes": data.classes, "target_mean": float(data.target_mean), "target_std": float(data.target_std),
     }
+    if data.split is not None:
+        source["split"] = int(data.split)
     if data.input_mean is not None:
         source["input_mean"] = np.asarray(data.input_mean, dtype=float).tolist()
         source["input_std"] = np.asarray(data.input_std, dtype=float).tolist()
@@ -820,14 +932,21 @@ def _predict(args) -> int:
         described = f"{args.data}: {len(raw)} rows"
     elif args.data in datasets.names():
         seed = posterior.seed if isinstance(posterior.seed, int) else 0
-        ds = datasets.load(args.data, seed=seed)
+        if args.data in datasets.UCI_FOLDERS:
+            saved = posterior.provenance.get("data") or {}
+            split = saved.get("split") if saved.get("source") == args.data and _split_or_none(saved.get("split")) else None
+            ds = datasets.load(args.data, split=split or 0)
+            picked = f"split {split or 0}"
+        else:
+            ds = datasets.load(args.data, seed=seed)
+            picked = f"seed {seed}"
         if ds.input_mean is None or ds.test.X.shape[1] != num_features:
             raise UsageError(f"--data {args.data}: its rows have {ds.test.X.shape[1]} columns; the run was fitted on {num_features}")
         raw = np.asarray(ds.test.X) * np.asarray(ds.input_std) + np.asarray(ds.input_mean)
         y = np.asarray(ds.test.y, dtype=float)
         if ds.task == "regression":
             y = y * ds.target_std + ds.target_mean
-        described = f"the test split of {args.data} (seed {seed}): {len(raw)} rows"
+        described = f"the test split of {args.data} ({picked}): {len(raw)} rows"
     else:
         raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
     if prep["mean"] is None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import ppl
+from ppl import _interrupt, _progress
 from ppl.cli import main
 from ppl.diagnostics import wasserstein1
 from ppl.models import LinearRegression, LogisticRegression
@@ -69,6 +70,48 @@ def test_table_names_the_failure_and_the_reference(linear_result):
     assert "W1" in text
 
 
+def test_an_interrupted_comparison_continues_from_its_fits_folder(monkeypatch, tmp_path):
+    data = ppl.datasets.load("linear", seed=0)
+    model = LinearRegression(noise_scale=0.5)
+    nuts = dict(num_warmup=60, num_samples=80, num_chains=2)
+    settings = dict(methods=["map", "nuts"], reference="exact", seed=0, options={"nuts": nuts})
+    whole = ppl.compare(model, data, **settings)
+
+    # Ctrl-C (its first SIGINT's effect) in the middle of the NUTS chains, after exact and map ended.
+    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    real, armed = _progress.advance, {"on": False, "reports": 0}
+
+    def advance(steps, phase=0):
+        real(steps, phase)
+        armed["reports"] += armed["on"]
+        if armed["reports"] == 20:
+            _interrupt.request()
+
+    monkeypatch.setattr(_progress, "advance", advance)
+    fits = tmp_path / "fits"
+    with pytest.raises(ppl.ComparisonInterrupted, match="interrupted while fitting nuts") as stop:
+        ppl.compare(model, data, fits=fits, log=lambda line: armed.update(on=armed["on"] or "nuts" in line), **settings)
+    monkeypatch.undo()
+    assert stop.value.method == "nuts" and stop.value.finished == ["exact", "map"]
+    assert ppl.load(fits / "map").status.converged and ppl.load(fits / "nuts").status.interrupted
+
+    lines = []
+    resumed = ppl.compare(model, data, fits=fits, log=lines.append, **settings)
+    assert any(line.startswith("exact: the fit saved in") for line in lines)
+    assert any(line.startswith("map: the fit saved in") for line in lines)
+    assert any(line.startswith("continuing nuts from") for line in lines)
+    np.testing.assert_array_equal(resumed.posteriors["nuts"].flat_draws, whole.posteriors["nuts"].flat_draws)
+    for method in ("exact", "map", "nuts"):
+        for column in ("nll", "elpd_loo", "wasserstein1"):
+            assert resumed.row(method)[column] == whole.row(method)[column], (method, column)
+
+    # A third call reuses all three; other settings are refused before anything runs, naming the change.
+    assert ppl.compare(model, data, fits=fits, **settings).row("nuts")["nll"] == whole.row("nuts")["nll"]
+    changed = dict(settings, options={"nuts": dict(nuts, num_samples=90)})
+    with pytest.raises(ppl.ResumeError, match=r"options.num_samples: checkpoint 80, now 90"):
+        ppl.compare(model, data, fits=fits, **changed)
+
+
 def test_unknown_method_is_refused_before_anything_is_fitted(monkeypatch):
     def no_fit(*args, **kwargs):
         raise AssertionError("nothing may be fitted")
@@ -112,6 +155,65 @@ def test_cli_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch)
     assert main(["compare", "--set", "steps=3"]) == 2
     assert "take its name first, as in --set nuts.num_chains=2" in capsys.readouterr().err.replace("takes", "take")
     assert main(["compare", "--methods", "map", "--set", "svi.steps=3"]) == 2
+    assert not any(tmp_path.iterdir())
+
+
+def test_cli_comparison_stopped_by_ctrl_c_resumes_from_its_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    real, reports = _progress.advance, {"nuts": 0}
+
+    def advance(steps, phase=0):  # Ctrl-C's first SIGINT, ten chunks into NUTS (map and exact have ended)
+        real(steps, phase)
+        reports["nuts"] += reports.get("armed", 0)
+        if reports["nuts"] == 10:
+            _interrupt.request()
+
+    monkeypatch.setattr(_progress, "advance", advance)
+    printed = print
+
+    def spy(*items, **kwargs):
+        if items and str(items[0]).startswith("fitting nuts"):
+            reports["armed"] = 1
+        printed(*items, **kwargs)
+
+    monkeypatch.setattr("builtins.print", spy)
+    command = ["compare", "--model", "linear", "--data", "linear", "--methods", "map,nuts", "--reference", "exact",
+               "--set", "nuts.num_warmup=60", "--set", "nuts.num_samples=80", "--set", "nuts.num_chains=2",
+               "--out", "cmp"]
+    assert main(command) == 130
+    err = capsys.readouterr().err
+    assert "interrupted while fitting nuts" in err and "ppl compare --resume cmp" in err
+    assert {p.name for p in (tmp_path / "cmp" / "fits").iterdir() if not p.name.startswith(".")} == {"exact", "map", "nuts"}
+    assert not (tmp_path / "cmp" / "report.html").exists()
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+
+    # the unfinished folder is neither overwritten nor continued with other settings
+    assert main(command) == 2
+    assert "ppl compare --resume cmp" in capsys.readouterr().err
+    assert main(["compare", "--resume", "cmp", "--seed", "1"]) == 2
+    assert "--seed: the run used 0, now 1" in capsys.readouterr().err
+
+    assert main(["compare", "--resume", "cmp"]) == 0
+    out = capsys.readouterr().out
+    assert "exact: the fit saved in" in out and "map: the fit saved in" in out and "continuing nuts from" in out
+    files = {p.name for p in (tmp_path / "cmp").iterdir()}
+    assert {"report.html", "comparison.json", "invocation.json", "fits"} <= files
+    assert ppl.load(tmp_path / "cmp" / "fits" / "nuts").num_draws == 80
+    assert main(["compare", "--resume", "cmp"]) == 2
+    assert "this comparison finished" in capsys.readouterr().err
+
+
+def test_cli_split_applies_to_uci_sets_only(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["compare", "--data", "two_moons", "--split", "2"]) == 2
+    assert "only the UCI sets" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # argparse's own refusal, exit status 2
+        main(["fit", "--model", "linear", "--data", "linear", "--split", "-1"])
+    assert "a split number is 0 or more" in capsys.readouterr().err
+    assert main(["fit", "--model", "linear", "--data", "linear", "--split", "1"]) == 2
+    assert "only the UCI sets" in capsys.readouterr().err
     assert not any(tmp_path.iterdir())
 
 

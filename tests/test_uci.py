@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -99,3 +100,24 @@ def test_cli_lists_and_fits_a_uci_set_from_the_environment(tmp_path, capsys, mon
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "rmse" in printed and "277 training rows" in printed
+
+
+@needs_data
+def test_cli_split_is_fitted_recorded_and_predicted_on(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PPL_DATA_DIR", str(ROOT))
+    run = tmp_path / "run"
+    assert main(["fit", "--model", "linear", "--data", "concrete", "--split", "3", "--method", "map", "--set",
+                 "noise_scale=0.5", "--out", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    invocation = json.loads((run / "invocation.json").read_text())
+    assert invocation["split"] == 3
+    assert main(["predict", str(run), "--data", "concrete", "--out", str(tmp_path / "p.csv")]) == 0
+    capsys.readouterr()
+    expected = datasets.load("concrete", split=3, root=ROOT)
+    table = np.genfromtxt(tmp_path / "p.csv", delimiter=",", names=True)
+    # the rows scored are split 3's test rows (another split's would score differently), in the target's units
+    posterior = ppl.load(run)
+    scored = expected.in_target_units(ppl.evaluate(posterior, expected.test, seed=0))
+    np.testing.assert_allclose(table["log_predictive"].mean(), -scored["nll"], rtol=1e-5)
+    mean = np.ravel(posterior.predict(expected.test.X, seed=0).mean) * expected.target_std + expected.target_mean
+    np.testing.assert_allclose(table["mean"], mean, rtol=1e-5)
