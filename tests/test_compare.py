@@ -6,7 +6,6 @@ import os
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +14,7 @@ import ppl
 from ppl import _interrupt, _progress
 from ppl.cli import main
 from ppl.diagnostics import wasserstein1
-from ppl.models import LinearRegression, LogisticRegression
+from ppl.models import LinearRegression
 
 
 @pytest.fixture(scope="module")
