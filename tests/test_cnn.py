@@ -77,3 +77,13 @@ def test_cnn_refuses_rows():
         ppl.fit(CNN(), data.train, method="map", seed=0)
     with pytest.raises(ValueError, match="CNN.channels must be a tuple of positive integers"):
         CNN(channels=(0,))
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 4, 5])
+def test_patch_convolution_equals_xla_convolution_for_every_kernel_size(size):
+    from ppl.models.cnn import same_convolution
+
+    rng = np.random.default_rng(size)
+    images, kernel = rng.normal(size=(3, 7, 6, 2)), rng.normal(size=(size, size, 2, 4))
+    expected = jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    np.testing.assert_allclose(same_convolution(images, kernel), expected, rtol=1e-12, atol=1e-12)
