@@ -376,24 +376,49 @@ class Network(SupervisedModel):
 
     # -- adapters (optional extras: pip install "ppl[flax]" or "ppl[equinox]") ----------------------------
     @classmethod
-    def from_flax(cls, module, example_input, **options) -> "Network":
-        """A Network from a Flax Linen module: its ``params`` collection is the template and
-        ``module.apply({"params": params}, X)`` the network. Sites are named by Flax's own paths
-        (``Dense_0.kernel``); ``options`` are Network's (``likelihood``, ``prior``, ``last_layer``...).
+    def from_flax(cls, module, example_input=None, **options) -> "Network":
+        """A Network from a Flax module, NNX or Linen; ``options`` are Network's (``likelihood``,
+        ``prior``, ``last_layer``...).
 
-        Modules with other variable collections (``batch_stats``, caches) are refused: ppl's
-        posterior covers parameters only. Flax initialises the template with a fixed key; its
-        values are not used.
+        - **NNX** (``flax.nnx.Module``, already built with its ``Rngs``): its ``nnx.Param`` variables
+          are the template, named by attribute path (``l1.kernel``, ``layers.0.kernel``), and the
+          network is the module rebuilt from them (``nnx.merge``) and called on X.
+          ``example_input`` is not needed.
+        - **Linen** (``flax.linen.Module``): ``module.init`` on ``example_input`` gives the ``params``
+          collection, named by Flax's own paths (``Dense_0.kernel``), and the network is
+          ``module.apply({"params": params}, X)``. Flax initialises the template with a fixed key;
+          its values are not used.
+
+        Modules with state besides parameters (BatchNorm statistics, Dropout's random streams,
+        caches) are refused: ppl's posterior covers parameters only.
         """
         try:
             import flax.linen as linen
+            from flax import nnx
         except ImportError:
             raise OptionError("Network.from_flax needs Flax: pip install flax (or the 'flax' extra of ppl)") from None
+        if isinstance(module, nnx.Module):
+            graph, params, rest = nnx.split(module, nnx.Param, ...)
+            others = sorted({".".join(map(str, path)) for path, _ in nnx.to_flat_state(rest)})
+            if others:
+                raise OptionError(
+                    f"Network.from_flax: {type(module).__name__} holds state besides nnx.Param ({', '.join(others)}); "
+                    "ppl infers parameters only — remove the mutable state (BatchNorm, Dropout's Rngs) from the module"
+                )
+            template = nnx.to_pure_dict(params)
+            if not jax.tree_util.tree_leaves(template):
+                raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
+            paths, treedef = jax.tree_util.tree_flatten_with_path(params)
+            # the State's leaf paths end in the Variable's `.value`; the pure dict's stop before it
+            keys = tuple(tuple(_key_of(entry) for entry in path[:-1]) for path, _ in paths)
+            return cls(_NnxApply(graph, treedef, keys), template, **options)
         if not isinstance(module, linen.Module):
             raise OptionError(
-                f"Network.from_flax takes a flax.linen Module, got {type(module).__name__}; for another kind of "
-                "network pass Network(apply_fn, params_template) yourself"
+                f"Network.from_flax takes a flax.nnx or flax.linen Module, got {type(module).__name__}; for another "
+                "kind of network pass Network(apply_fn, params_template) yourself"
             )
+        if example_input is None:
+            raise OptionError("Network.from_flax: a Linen module is initialised on an example: pass example_input=X[:2]")
         variables = module.init(jax.random.PRNGKey(0), jnp.asarray(example_input, dtype=jnp.result_type(float)))
         others = sorted(set(variables) - {"params"})
         if others:
@@ -447,6 +472,35 @@ class _FlaxApply:
 
     def __call__(self, params, X):
         return self.module.apply({"params": params}, X)
+
+
+def _key_of(entry):
+    """The plain key of one step of a pytree path (a dict key, a sequence index or an attribute)."""
+    for attribute in ("key", "idx", "name"):
+        if hasattr(entry, attribute):
+            return getattr(entry, attribute)
+    raise OptionError(f"Network.from_flax: cannot read the parameter path step {entry!r}")
+
+
+@dataclass(frozen=True)
+class _NnxApply:
+    """An NNX module rebuilt from a dict of parameters (its ``nnx.to_pure_dict`` layout) and called
+    on X; hashable by the module's graph definition and the parameters' layout."""
+
+    graph: Any
+    treedef: Any
+    keys: tuple  # each parameter's key path in the pure dict, in the State's leaf order
+
+    def __call__(self, params, X):
+        from flax import nnx
+
+        leaves = []
+        for path in self.keys:
+            value = params
+            for key in path:
+                value = value[key]
+            leaves.append(value)
+        return nnx.merge(self.graph, jax.tree_util.tree_unflatten(self.treedef, leaves))(X)
 
 
 @dataclass(frozen=True)

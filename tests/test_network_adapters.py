@@ -62,6 +62,35 @@ def test_flax_mlp_equals_the_bnn():
         Network.from_flax(Normed(), X[:2], likelihood="bernoulli")
 
 
+def test_flax_nnx_mlp_equals_the_bnn_and_its_state_is_checked():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.layers = nnx.List([nnx.Linear(3, HIDDEN, rngs=rngs), nnx.Linear(HIDDEN, 1, rngs=rngs)])
+
+        def __call__(self, x):
+            return self.layers[1](jnp.tanh(self.layers[0](x)))
+
+    net = Network.from_flax(MLP(nnx.Rngs(0)), likelihood="bernoulli", last_layer="layers.1")
+    assert net.site_names == ("layers.0.bias", "layers.0.kernel", "layers.1.bias", "layers.1.kernel")
+    same = lambda a: a  # noqa: E731  (NNX kernels are (in, out), as the BNN's)
+    _check_same_density(net, {"layers.0.kernel": ("w0", same), "layers.0.bias": ("b0", same),
+                              "layers.1.kernel": ("w1", same), "layers.1.bias": ("b1", same)})
+    # built twice (other initial values), the same network: compiled programs are shared
+    assert Network.from_flax(MLP(nnx.Rngs(1)), likelihood="bernoulli") == Network.from_flax(MLP(nnx.Rngs(2)), likelihood="bernoulli")
+
+    class Normed(nnx.Module):
+        def __init__(self, rngs):
+            self.norm, self.out = nnx.BatchNorm(3, rngs=rngs), nnx.Linear(3, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(self.norm(x, use_running_average=True))
+
+    with pytest.raises(OptionError, match=r"state besides nnx.Param \(norm\.mean, norm\.var\)"):
+        Network.from_flax(Normed(nnx.Rngs(0)), likelihood="bernoulli")
+
+
 def test_equinox_mlp_equals_the_bnn():
     eqx = pytest.importorskip("equinox")
     mlp = eqx.nn.MLP(3, 1, HIDDEN, 1, activation=jnp.tanh, key=jax.random.PRNGKey(0))
