@@ -18,9 +18,6 @@ __all__ = ["BNN", "CNN", "Network", "VAE", "LinearRegression", "LogisticRegressi
 _CLASSES = {cls.__name__: cls for cls in (BNN, LinearRegression, LogisticRegression, VAE)}
 
 
-_PRIORS = {cls.__name__: cls for cls in (priors.Isotropic, priors.PerLayer, priors.FanIn, priors.ScaleMixture)}
-
-
 def from_config(config: dict):
     """Rebuild a declarative model from ``model.to_config()``.
 
@@ -46,14 +43,9 @@ def from_config(config: dict):
         raise ValueError(f"{cls.__name__} has no field(s) {unknown}")
     for name, value in fields.items():
         if isinstance(value, dict):
-            value = dict(value)
-            prior_cls = _PRIORS.get(value.pop("prior", None))
-            if name != "prior" or prior_cls is None:
-                raise ValueError(f"field {name!r}: {value!r} is not a known prior ({sorted(_PRIORS)})")
-            prior_fields = {f.name for f in dataclasses.fields(prior_cls)}
-            if set(value) - prior_fields:
-                raise ValueError(f"{prior_cls.__name__} has no field(s) {sorted(set(value) - prior_fields)}")
-            fields[name] = prior_cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in value.items()})
+            if name != "prior":
+                raise ValueError(f"field {name!r}: {value!r} is an object, and only the field 'prior' takes one")
+            fields[name] = priors.prior_from_record(value)
         elif isinstance(value, list):
             fields[name] = tuple(value)
     return cls(**fields)

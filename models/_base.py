@@ -160,7 +160,8 @@ class SupervisedModel:
     @property
     def gaussian_prior(self) -> bool:
         """Whether every weight and bias has a zero-mean Gaussian prior."""
-        return True
+        prior = getattr(self, "_prior", None)
+        return True if prior is None else prior.gaussian
 
     def with_prior_scales(self, scales: tuple):
         """This model with N(0, scales[l]²) on the weights and biases of dense layer ``l``."""
@@ -272,7 +273,7 @@ class SupervisedModel:
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
             if isinstance(value, _priors.Prior):
-                value = {"prior": type(value).__name__, **dataclasses.asdict(value)}
+                value = _priors.prior_record(value)
             elif isinstance(value, tuple):
                 value = list(value)
             fields[field.name] = value

@@ -10,7 +10,7 @@ import numpyro
 
 from ppl._errors import DataError
 from ppl.models._base import ACTIVATIONS, LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
-from ppl.models.priors import Isotropic, PerLayer, Prior, ScaleMixture
+from ppl.models.priors import ByName, Isotropic, PerLayer, Prior
 
 __all__ = ["BNN", "ACTIVATIONS"]
 
@@ -82,8 +82,11 @@ class BNN(SupervisedModel):
         if self.prior is not None and not isinstance(self.prior, Prior):
             raise ValueError(
                 f"BNN.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, "
-                f"ScaleMixture), got {type(self.prior).__name__}"
+                f"ScaleMixture, ByName), got {type(self.prior).__name__}"
             )
+        if isinstance(self.prior, ByName):
+            names = [name for i in range(len(self.hidden) + 1) for name in (f"w{i}", f"b{i}")]
+            self.prior.check_names(names, "BNN")
         if self.num_outputs is not None:
             if isinstance(self.num_outputs, (bool, np.bool_)) or not isinstance(self.num_outputs, (int, np.integer)) or self.num_outputs < 1:
                 raise ValueError(f"BNN.num_outputs must be a positive integer or None, got {self.num_outputs!r}")
@@ -128,10 +131,6 @@ class BNN(SupervisedModel):
             for i in range(len(widths) - 1)
         )
 
-    @property
-    def gaussian_prior(self) -> bool:
-        return not isinstance(self._prior, ScaleMixture)
-
     def with_prior_scales(self, scales: tuple):
         return dataclasses.replace(self, prior=PerLayer(tuple(float(s) for s in scales)))
 
@@ -140,10 +139,10 @@ class BNN(SupervisedModel):
         for i, layer in enumerate(self.layers(X.shape[-1])):
             shape_w, shape_b = (layer.fan_in, layer.fan_out), (layer.fan_out,)
             params[layer.weight] = numpyro.sample(
-                layer.weight, self._prior.distribution(i, "weight", shape_w, layer.fan_in)
+                layer.weight, self._prior.distribution(i, "weight", shape_w, layer.fan_in, layer.weight)
             )
             params[layer.bias] = numpyro.sample(
-                layer.bias, self._prior.distribution(i, "bias", shape_b, layer.fan_in)
+                layer.bias, self._prior.distribution(i, "bias", shape_b, layer.fan_in, layer.bias)
             )
         params.update(self._sample_noise())
         return self._observe(X, y, params)

@@ -31,7 +31,7 @@ import numpyro
 
 from ppl._errors import DataError, OptionError
 from ppl.models._base import LIKELIHOODS, OBSERVED_SITE, SupervisedModel, check_choice, check_scale
-from ppl.models.priors import FanIn, Isotropic, PerLayer, Prior, ScaleMixture
+from ppl.models.priors import ByName, FanIn, Isotropic, PerLayer, Prior
 
 __all__ = ["Network", "Leaf"]
 
@@ -210,12 +210,18 @@ class Network(SupervisedModel):
             raise OptionError(f"Network.noise_scale applies only to likelihood='gaussian', not {self.likelihood!r}")
         if self.prior is not None and not isinstance(self.prior, Prior):
             raise OptionError(
-                f"Network.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, ScaleMixture), "
-                f"got {type(self.prior).__name__}"
+                f"Network.prior must be a ppl.models.priors object (Isotropic, PerLayer, FanIn, ScaleMixture, "
+                f"ByName), got {type(self.prior).__name__}"
             )
-        if isinstance(self.prior, PerLayer) and len(self.prior.scales) != len(groups):
+        if isinstance(self.prior, ByName):
+            try:
+                self.prior.check_names(self.site_names, "Network")
+            except ValueError as error:
+                raise OptionError(str(error)) from None
+        per_layer = [p for p in (self.prior.components() if self.prior is not None else ()) if isinstance(p, PerLayer)]
+        if per_layer and len(per_layer[0].scales) != len(groups):
             raise OptionError(
-                f"Network.prior is PerLayer with {len(self.prior.scales)} scales but the template has {len(groups)} "
+                f"Network.prior is PerLayer with {len(per_layer[0].scales)} scales but the template has {len(groups)} "
                 f"parameter groups ({', '.join(groups)}); give one scale per group, in that order"
             )
         if isinstance(self.last_layer, list):
@@ -344,10 +350,6 @@ class Network(SupervisedModel):
     def _prior(self) -> Prior:
         return self.prior if self.prior is not None else Isotropic(self.prior_scale)
 
-    @property
-    def gaussian_prior(self) -> bool:
-        return not isinstance(self._prior, ScaleMixture)
-
     def with_prior_scales(self, scales: tuple):
         if len(scales) != len(self.groups):
             raise OptionError(
@@ -363,8 +365,7 @@ class Network(SupervisedModel):
         fn = self.apply_fn
         prior = self.prior
         if isinstance(prior, _priors.Prior):
-            prior = {"prior": type(prior).__name__, **{k: list(v) if isinstance(v, tuple) else v
-                                                       for k, v in dataclasses.asdict(prior).items()}}
+            prior = _priors.prior_record(prior)
         fields = {
             "apply_fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}",
             "leaves": [[leaf.name, list(leaf.shape)] for leaf in self.leaves],
@@ -445,7 +446,8 @@ class Network(SupervisedModel):
             raise OptionError("Network.from_equinox needs Equinox: pip install equinox (or the 'equinox' extra of ppl)") from None
         if not isinstance(module, eqx.Module):
             raise OptionError(f"Network.from_equinox takes an equinox.Module, got {type(module).__name__}")
-        if isinstance(options.get("prior"), FanIn):
+        prior = options.get("prior")
+        if isinstance(prior, Prior) and any(isinstance(p, FanIn) for p in prior.components()):
             raise OptionError(
                 "Network.from_equinox: a FanIn prior reads fan-in from the last axis but Equinox weights are "
                 "(out, in); use Isotropic or PerLayer"
@@ -458,7 +460,7 @@ class Network(SupervisedModel):
         params = {}
         for leaf in self.leaves:
             params[leaf.name] = numpyro.sample(
-                leaf.name, self._prior.distribution(leaf.group, leaf.kind, leaf.shape, leaf.fan_in)
+                leaf.name, self._prior.distribution(leaf.group, leaf.kind, leaf.shape, leaf.fan_in, leaf.name)
             )
         params.update(self._sample_noise())
         return self._observe(X, y, params)

@@ -266,3 +266,37 @@ def test_a_saved_network_run_keeps_its_record_but_is_never_rebuilt(tmp_path):
     post.save(tmp_path / "run")
     with pytest.raises(ppl.RunError, match="apply_fn is code"):
         ppl.load(tmp_path / "run")
+
+
+@pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli"])
+def test_priors_chosen_by_site_name_equal_the_bnn_and_the_direct_sum(likelihood):
+    from ppl.models.priors import ByName, Isotropic
+
+    on_bnn = ByName(rules=(("w0", FanIn(scale=1.5)), ("b*", Isotropic(0.5))), default=Isotropic(2.0))
+    on_net = ByName(rules=(("dense_0.kernel", FanIn(scale=1.5)), ("*.bias", Isotropic(0.5))), default=Isotropic(2.0))
+    X, y = _data(likelihood)
+    bnn = BNN(hidden=(HIDDEN,), activation="tanh", likelihood=likelihood, prior=on_bnn)
+    net = Network(mlp, template(X.shape[1], 1, HIDDEN), likelihood=likelihood, prior=on_net)
+    pb, pn = compile_problem(bnn, (X, y)), compile_problem(net, (X, y))
+    u = jax.random.normal(jax.random.PRNGKey(0), (pb.num_params,))
+    a, b = float(pb.logdensity_fn(u)), float(pn.logdensity_fn(_same_point(pb, pn, u)))
+    assert abs(a - b) <= 1e-9 * abs(a)
+    flat = pb.unravel(u)
+    from scipy import stats
+
+    direct = (stats.norm.logpdf(np.asarray(flat["w0"]), scale=1.5 / np.sqrt(X.shape[1])).sum()
+              + stats.norm.logpdf(np.asarray(flat["b0"]), scale=0.5).sum()
+              + stats.norm.logpdf(np.asarray(flat["b1"]), scale=0.5).sum()
+              + stats.norm.logpdf(np.asarray(flat["w1"]), scale=2.0).sum())
+    if likelihood != "gaussian":  # (a gaussian model's log prior has the noise site's term too)
+        assert abs(float(pb.log_terms(u).log_prior) - direct) <= 1e-9 * abs(direct)
+
+    # configuration round trip; a pattern that matches nothing is refused, naming the sites
+    from ppl.models import from_config
+
+    assert from_config(bnn.to_config()) == bnn
+    with pytest.raises(ValueError, match=r"ByName rule 'w9' matches no site of the BNN; its sites are w0, b0, w1, b1"):
+        BNN(hidden=(HIDDEN,), prior=ByName(rules=(("w9", Isotropic(1.0)),)))
+    with pytest.raises(OptionError, match=r"matches no site of the Network"):
+        Network(mlp, template(3, 1, HIDDEN), likelihood=likelihood, prior=ByName(rules=(("conv*", Isotropic(1.0)),)))
+    assert not BNN(hidden=(HIDDEN,), prior=ByName(rules=(("w1", ScaleMixture()),))).gaussian_prior
