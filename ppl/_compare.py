@@ -155,13 +155,15 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         if skipped:
             result.notes.append("not run (they do not accept this model): " + "; ".join(skipped))
     import ppl
+    from ppl.models import Network
 
     saved = _saved_fits(fits, model, train, chosen["run"], seed, options)
     for method in chosen["run"]:
         path = None if fits is None else Path(fits) / method
         if saved.get(method) == "complete":
-            # a declarative model is rebuilt from the saved configuration; a program is passed back
-            result.posteriors[method] = ppl.load(path, model=None if hasattr(model, "to_config") else model)
+            # a declarative model is rebuilt from the saved configuration; a program or a network is passed back
+            rebuilt = hasattr(model, "to_config") and not isinstance(model.bind(*train), Network)
+            result.posteriors[method] = ppl.load(path, model=None if rebuilt else model)
             log(f"{method}: the fit saved in {path} is reused")
             continue
         resume = path if saved.get(method) == "partial" else None

@@ -937,6 +937,38 @@ def load_run(path, *, model=None, trust: bool = False):
     return _with_snapshot(path, lambda snapshot: _load_from(snapshot, model, trust))
 
 
+def _given_network(model, record: dict, data, folder):
+    """The Network a run was fitted with, as the caller passed it back (``model=``), checked against
+    the saved record: a Network's apply function is code, which loading never imports or calls by name."""
+    from ppl.models import Network
+
+    fields = record.get("fields") if isinstance(record.get("fields"), dict) else {}
+    if model is None:
+        raise RunError(
+            f"{folder}: a run of a Network (apply function {fields.get('apply_fn', '?')}), whose forward pass is code that "
+            "ppl never imports from a file; load it with model= the same model built again: the CNN(...), "
+            "Network.from_flax(module, ...), Network.from_equinox(module, ...) or Network(apply_fn, template, ...) "
+            "it was fitted with"
+        )
+    try:
+        given = model.bind(*data) if hasattr(model, "bind") else model
+    except (ValueError, TypeError, DataError) as error:
+        raise RunError(f"{folder}: the model given does not take the saved data ({error})") from None
+    if not isinstance(given, Network):
+        raise RunError(f"{folder}: this run is of a Network; model= must be a Network or a CNN, got {type(model).__name__}")
+    mine = given.to_config()["fields"]
+    differ = [f"{key}: saved {fields.get(key)!r}, given {mine.get(key)!r}" for key in sorted(set(fields) | set(mine))
+              if _plain(fields.get(key)) != _plain(mine.get(key))]
+    if differ:
+        raise RunError(f"{folder}: the model given is not the Network this run was fitted with — " + "; ".join(differ))
+    return given
+
+
+def _plain(value):
+    """``value`` as it reads back from JSON (tuples become lists), for comparing records."""
+    return json.loads(json.dumps(_jsonable(value)))
+
+
 def _declared_num_params(model, X) -> int:
     """How many parameters a declarative model has on inputs X, from its configuration alone.
 
@@ -1005,7 +1037,11 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
     sites = meta["sites"]
     num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in sites)
     flat = _check_array(folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
-    if record["kind"] == "declarative":
+    if record["kind"] == "declarative" and record.get("class") == "Network":
+        X = _check_array(folder, arrays, "data/X")
+        data = (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
+        model = _given_network(model, record, data, folder)
+    elif record["kind"] == "declarative":
         if model is not None:
             raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
         from ppl.models import from_config

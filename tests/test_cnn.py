@@ -87,3 +87,15 @@ def test_patch_convolution_equals_xla_convolution_for_every_kernel_size(size):
     images, kernel = rng.normal(size=(3, 7, 6, 2)), rng.normal(size=(size, size, 2, 4))
     expected = jax.lax.conv_general_dilated(images, kernel, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
     np.testing.assert_allclose(same_convolution(images, kernel), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_a_saved_cnn_run_reloads_given_the_cnn(tmp_path):
+    data = ppl.datasets.load("digits", images=True)
+    X, y = data.train.X[:60], data.train.y[:60]
+    model = CNN(channels=(2,), dense=(), num_classes=10)
+    post = ppl.fit(model, (X, y), method="map", seed=0, steps=20, max_steps=20)
+    post.save(tmp_path / "run")
+    loaded = ppl.load(tmp_path / "run", model=CNN(channels=(2,), dense=(), num_classes=10))
+    np.testing.assert_array_equal(loaded.predict(X[:4], seed=0).probs, post.predict(X[:4], seed=0).probs)
+    with pytest.raises(ppl.RunError, match="not the Network this run was fitted with"):
+        ppl.load(tmp_path / "run", model=CNN(channels=(3,), dense=(), num_classes=10))

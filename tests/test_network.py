@@ -260,12 +260,24 @@ def test_structure_it_does_not_have_is_refused():
         ppl.models.from_config(compile_problem(plain, (X, y)).model.to_config())
 
 
-def test_a_saved_network_run_keeps_its_record_but_is_never_rebuilt(tmp_path):
+def test_a_saved_network_run_reloads_given_the_same_network_and_never_by_name(tmp_path):
     X, y = _data("bernoulli")
-    post = ppl.fit(Network(mlp, template(3, 1), likelihood="bernoulli"), (X, y), method="map", seed=0, steps=50)
+    net = Network(mlp, template(3, 1), likelihood="bernoulli", last_layer="dense_1")
+    post = ppl.fit(net, (X, y), method="map", seed=0, steps=50)
     post.save(tmp_path / "run")
-    with pytest.raises(ppl.RunError, match="apply_fn is code"):
+    # the apply function is code: never imported from the file, so loading needs the model back
+    with pytest.raises(ppl.RunError, match=r"a run of a Network \(apply function (tests\.)?test_network\.mlp\).*load it with model="):
         ppl.load(tmp_path / "run")
+    loaded = ppl.load(tmp_path / "run", model=Network(mlp, template(3, 1), likelihood="bernoulli", last_layer="dense_1"))
+    np.testing.assert_array_equal(loaded.flat_draws, post.flat_draws)
+    np.testing.assert_array_equal(loaded.predict(X[:5], seed=0).probs, post.predict(X[:5], seed=0).probs)
+    with pytest.raises(ppl.RunError, match=r"not the Network this run was fitted with — .*prior_scale: saved 1.0, given 2.0"):
+        ppl.load(tmp_path / "run", model=Network(mlp, template(3, 1), likelihood="bernoulli", last_layer="dense_1",
+                                                 prior_scale=2.0))
+    with pytest.raises(ppl.RunError, match=r"leaves: saved"):
+        ppl.load(tmp_path / "run", model=Network(mlp, template(3, 1, hidden=4), likelihood="bernoulli", last_layer="dense_1"))
+    with pytest.raises(ppl.RunError, match="model= must be a Network or a CNN, got BNN"):
+        ppl.load(tmp_path / "run", model=BNN(hidden=(HIDDEN,), likelihood="bernoulli"))
 
 
 @pytest.mark.parametrize("likelihood", ["gaussian", "bernoulli"])
