@@ -821,7 +821,12 @@ def _show(args) -> int:
         ])
         return 0
     model = meta["model"]
-    if model["kind"] == "declarative":
+    network = model["kind"] == "declarative" and model.get("class") == "Network"
+    if network:
+        fields = model.get("fields") if isinstance(model.get("fields"), dict) else {}
+        described = (f"Network (apply function {str(fields.get('apply_fn'))[:200]}, likelihood "
+                     f"{str(fields.get('likelihood'))[:40]}; reloads in Python given the model: ppl.load(path, model=...))")
+    elif model["kind"] == "declarative":
         from ppl.models import from_config
 
         try:
@@ -860,7 +865,10 @@ def _show(args) -> int:
     lines.extend(_kfold_lines(summary))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
         lines.append(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}")
-    if args.plots:
+    if args.plots and network:
+        lines.append("figures: a Network's forward pass is code that ppl show never imports; in Python, "
+                     f"ppl.load({str(path)!r}, model=<the network>) gives the posterior to plot")
+    elif args.plots:
         lines.extend(_plots(path))
     if record is not None:
         lines.append(record.verdict(_held_out(summary)))

@@ -312,3 +312,14 @@ def test_priors_chosen_by_site_name_equal_the_bnn_and_the_direct_sum(likelihood)
     with pytest.raises(OptionError, match=r"matches no site of the Network"):
         Network(mlp, template(3, 1, HIDDEN), likelihood=likelihood, prior=ByName(rules=(("conv*", Isotropic(1.0)),)))
     assert not BNN(hidden=(HIDDEN,), prior=ByName(rules=(("w1", ScaleMixture()),))).gaussian_prior
+
+
+def test_ppl_show_describes_a_saved_network_run_without_running_it(tmp_path, capsys):
+    from ppl.cli import main
+
+    X, y = _data("bernoulli")
+    ppl.fit(Network(mlp, template(3, 1), likelihood="bernoulli"), (X, y), method="map", seed=0, steps=50).save(tmp_path / "run")
+    assert main(["show", str(tmp_path / "run"), "--plots"]) == 0
+    out = capsys.readouterr().out
+    assert "Network (apply function" in out and "test_network.mlp" in out and "model=<the network>" in out
+    assert not list((tmp_path / "run").glob("*.png"))
