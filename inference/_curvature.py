@@ -14,9 +14,10 @@ returning each dense layer's input and accepting additive "taps" on its pre-acti
   dense layer, from its structure (J_n = φ̃_n ⊗ I).
 * :func:`ggn_vp` and :func:`ggn_lowrank` — matrix-free GGN products and the top eigenpairs
   from them (randomised subspace iteration).
-* :func:`kfac_factors` — per dense layer, A = (1/N) Σ_n ã_n ã_nᵀ (ã the layer input with a 1
+* :func:`kfac_factors` — per layer, A = (1/N) Σ_n ã_n ã_nᵀ (ã the layer input with a 1
   appended for the bias) and G = Σ_n Σ_c g_nc g_ncᵀ (g the pre-activation gradient of the c-th
   output of Lᵀ f); the layer's GGN block is approximated by A ⊗ G, exact for a linear model.
+  A convolution counts each location as a row (K-FAC-expand).
 * :func:`hessian` — the exact Hessian of the (unconstrained) log density, for plain programs.
 
 Sums over data run batch by batch (:data:`CHUNK_BYTES` bounds a chunk's Jacobians); rows added
@@ -34,6 +35,7 @@ ill-conditioned posterior precision (collinear inputs, a weak prior) is inverted
 from __future__ import annotations
 
 import contextlib
+import math
 from functools import partial
 
 import jax
@@ -44,7 +46,7 @@ from ppl._errors import OptionError
 
 __all__ = [
     "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",
-    "layer_slices", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn", "group_slices",
+    "layer_slices", "layer_locations", "network_params", "CHUNK_BYTES", "chunk_rows", "last_layer_ggn", "group_slices",
     "network_mask", "last_layer_index",
 ]
 
@@ -167,6 +169,7 @@ def last_layer_ggn(problem, u, structure: str, rows: int):
     base = problem.constrain(u)
     params = network_params(problem, u, base)
     last = problem.layers()[-1]
+    first = _bias_first(problem)[-1]
     Xc, yc, mc = _chunked(X, y, rows)
     size = (last.fan_in + (last.bias is not None)) * last.fan_out
 
@@ -175,7 +178,7 @@ def last_layer_ggn(problem, u, structure: str, rows: int):
         raw, inputs = problem.model.forward(params, x)
         phi = inputs[-1]
         if last.bias is not None:
-            phi = jnp.concatenate([phi, jnp.ones((phi.shape[0], 1), phi.dtype)], axis=1)
+            phi = _augmented(phi, first)
         root = (problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]).astype(total.dtype)
         phi = phi.astype(total.dtype)
         lam = root @ jnp.swapaxes(root, 1, 2)  # (B, C, C)
@@ -270,42 +273,73 @@ def last_layer_index(problem):
 
 
 def layer_slices(problem) -> list:
-    """(start, fan_in + 1 or fan_in, fan_out) for each dense layer: where its weights and bias lie
-    in u, contiguously as the row-major augmented matrix [W; b]. Raises when a layer's weight and
-    bias are not adjacent (K-FAC needs the augmented layout)."""
-    offsets, start = {}, 0
-    for site in problem.sites:
-        offsets[site.name] = (start, site.size)
-        start += site.size
+    """(start, fan_in + 1 or fan_in, fan_out) for each layer: where its weights and bias lie in u,
+    contiguously as the row-major augmented matrix [W; b], or [b; W] when the model declares the
+    bias first (a Network's sites come in sorted order: ``conv_0.bias`` before ``conv_0.kernel``).
+    Raises when a layer's weight and bias are not adjacent (K-FAC needs the augmented layout)."""
+    offsets = _site_offsets(problem)
     out = []
     for layer in problem.layers():
         w_start, w_size = offsets[layer.weight]
-        rows = layer.fan_in
+        rows, start = layer.fan_in, w_start
         if layer.bias is not None:
-            b_start, _ = offsets[layer.bias]
-            if b_start != w_start + w_size:
+            b_start, b_size = offsets[layer.bias]
+            if b_start not in (w_start + w_size, w_start - b_size):
                 raise OptionError(
-                    f"K-FAC needs layer {layer.weight!r}'s bias {layer.bias!r} to follow its weights in the "
+                    f"K-FAC needs layer {layer.weight!r}'s bias {layer.bias!r} next to its weights in the "
                     "parameter vector; this model declares them apart — use hessian='diag', 'lowrank' or 'full'"
                 )
-            rows += 1
-        out.append((w_start, rows, layer.fan_out))
+            rows, start = rows + 1, min(w_start, b_start)
+        out.append((start, rows, layer.fan_out))
     return out
+
+
+def layer_locations(problem) -> tuple:
+    """Per layer, at how many locations it is applied to each input: 1 for a dense layer, H·W for a
+    convolution (read from the shapes of the forward pass, nothing computed)."""
+    X = problem.data[0]
+    shapes = jax.eval_shape(
+        lambda u, x: problem.model.forward(network_params(problem, u, problem.constrain(u)), x)[1],
+        problem.init_params, jax.ShapeDtypeStruct((1,) + tuple(X.shape[1:]), X.dtype),
+    )
+    return tuple(math.prod(s.shape[1:-1]) for s in shapes)
+
+
+def _bias_first(problem) -> tuple:
+    """Per layer, whether its bias precedes its weights in u (its ones column goes first)."""
+    offsets = _site_offsets(problem)
+    return tuple(
+        layer.bias is not None and offsets[layer.bias][0] < offsets[layer.weight][0] for layer in problem.layers()
+    )
+
+
+def _augmented(h, first: bool):
+    """A layer's input rows (..., fan_in) with the bias's constant 1 appended, or put first."""
+    ones = jnp.ones(h.shape[:-1] + (1,), h.dtype)
+    return jnp.concatenate([ones, h] if first else [h, ones], axis=-1)
 
 
 @partial(jax.jit, static_argnames=("rows",))
 def kfac_factors(problem, u, rows: int) -> list:
-    """[(A_l, G_l)] per dense layer (see the module docstring), summed over the data in chunks."""
+    """[(A_l, G_l)] per layer (see the module docstring), summed over the data in chunks.
+
+    A layer applied at R locations per input (a convolution, whose rows are its patches) counts
+    each location as a row, as K-FAC-expand does (Eschenhagen et al., 2023): A sums ã ãᵀ over
+    inputs and locations and is divided by N·R, G sums g gᵀ over both, so that A ⊗ G approximates
+    Σ_n Σ_r (ã_nr ã_nrᵀ) ⊗ (g_nr g_nrᵀ); for a dense layer (R = 1) this is the usual K-FAC.
+    """
     X, y = problem.data
     base = problem.constrain(u)
     params = network_params(problem, u, base)
     layers = problem.layers()
+    first = _bias_first(problem)
     Xc, yc, mc = _chunked(X, y, rows)
+    locations = layer_locations(problem)
 
     def add(totals, chunk):
         x, _, m = chunk
-        taps = [jnp.zeros((x.shape[0], layer.fan_out), u.dtype) for layer in layers]
         raw, inputs = problem.model.forward(params, x)
+        taps = [jnp.zeros(h.shape[:-1] + (layer.fan_out,), u.dtype) for h, layer in zip(inputs, layers)]
         root = problem.model.output_hessian_sqrt(raw, base) * m[:, None, None]
         _, pullback = jax.vjp(lambda t: _as_matrix(problem.model.forward(params, x, t)[0]), taps)
 
@@ -313,12 +347,13 @@ def kfac_factors(problem, u, rows: int) -> list:
             # cotangent (B, C) selecting the c-th output of Lᵀ f per datum
             return pullback(root[:, :, c])[0]
 
-        per_output = jax.vmap(grads)(jnp.arange(root.shape[-1]))  # list of (C, B, fan_out)
+        per_output = jax.vmap(grads)(jnp.arange(root.shape[-1]))  # list of (C, B, [R,] fan_out)
         new = []
-        for (a_total, g_total), layer, h, g in zip(totals, layers, inputs, per_output):
+        for (a_total, g_total), layer, h, g, bias_first in zip(totals, layers, inputs, per_output, first):
             if layer.bias is not None:
-                h = jnp.concatenate([h, jnp.ones((h.shape[0], 1), h.dtype)], axis=1)
-            h = (h * m[:, None]).astype(a_total.dtype)
+                h = _augmented(h, bias_first)
+            h = h * jnp.reshape(m, m.shape + (1,) * (h.ndim - 1))
+            h = jnp.reshape(h, (-1, h.shape[-1])).astype(a_total.dtype)
             g2 = jnp.reshape(g, (-1, g.shape[-1])).astype(g_total.dtype)
             new.append((a_total + h.T @ h, g_total + g2.T @ g2))
         return new, None
@@ -328,7 +363,7 @@ def kfac_factors(problem, u, rows: int) -> list:
         a = layer.fan_in + (layer.bias is not None)
         zero.append((jnp.zeros((a, a), wide(u.dtype)), jnp.zeros((layer.fan_out, layer.fan_out), wide(u.dtype))))
     totals = jax.lax.scan(add, zero, (Xc, yc, mc))[0]
-    return [(a / X.shape[0], g) for a, g in totals]
+    return [(a / (X.shape[0] * r), g) for (a, g), r in zip(totals, locations)]
 
 
 @partial(jax.jit, static_argnames=("chunk",))

@@ -227,10 +227,10 @@ class Laplace(Method):
             )
         model = problem.model
         if problem.is_declarative:
-            if hessian == "kfac" and not model.dense:
+            if hessian == "kfac" and not model.has_layers:
                 groups = ", ".join(name for name, _ in problem.parameter_groups())
                 raise OptionError(
-                    f"{self.name}: K-FAC needs the network's dense-layer structure, which a {type(model).__name__} does "
+                    f"{self.name}: K-FAC needs the network's layer structure, which this {type(model).__name__} does "
                     f"not declare: it cannot handle the parameter groups {groups} — use hessian='full', 'diag' or "
                     "'lowrank' (the generic GGN works for any network)"
                 )
@@ -269,13 +269,13 @@ class Laplace(Method):
         index = self.free_index(problem)
         free = problem.num_params if index is None else len(index)
         outputs = problem.model.output_dim() if problem.is_declarative else 1
-        dense = problem.is_declarative and problem.model.dense
-        layers = curvature.layer_slices(problem) if dense else None
+        layered = problem.is_declarative and problem.model.has_layers
+        layers = curvature.layer_slices(problem) if layered else None
         size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
         if size > MEMORY_BUDGET_BYTES:
             cheaper = [
                 h for h in ("kfac", "lowrank", "diag")
-                if h != hessian and (problem.is_declarative or h == "diag") and (dense or h != "kfac")
+                if h != hessian and (problem.is_declarative or h == "diag") and (layered or h != "kfac")
             ]
             options = ", ".join(
                 f"hessian={h!r} ({curvature.describe_memory(curvature.memory_bytes(h, free, outputs, layers, self.rank))})"
@@ -352,7 +352,7 @@ class Laplace(Method):
         index = self.free_index(problem)
         model = problem.model
         layers = curvature.group_slices(problem)
-        dense_layers = curvature.layer_slices(problem) if model.dense else None
+        slices = curvature.layer_slices(problem) if model.has_layers else None
         groups = np.full(problem.num_params, -1)
         for l, (start, size) in enumerate(layers):
             groups[start : start + size] = l if self.prior_structure == "layer" else 0
@@ -375,7 +375,7 @@ class Laplace(Method):
             old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
             with curvature.float64():
                 pieces = _curvature_pieces(
-                    problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), dense_layers
+                    problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), slices
                 )
                 log_alpha, log_sigma, evidence = _maximise_evidence(
                     problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
@@ -465,7 +465,7 @@ def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
         if not problem.is_declarative:
             family, log_z, rcond, precision = _assemble_program(problem, u)
         else:
-            layers = curvature.layer_slices(problem) if problem.model.dense else None
+            layers = curvature.layer_slices(problem) if problem.model.has_layers else None
             pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
             family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
     family = _narrow(family, u.dtype)
@@ -581,14 +581,15 @@ def _not_pd(rcond, precision, names):
 
 
 def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
-    """The likelihood curvature (unweighted) in the structure's own form. ``layers``: the dense
-    layers' slices (None for a network without declared dense structure)."""
+    """The likelihood curvature (unweighted) in the structure's own form. ``layers``: the layers'
+    slices (None for a network without declared layer structure)."""
     outputs = problem.model.output_dim()
     rows = curvature.chunk_rows(outputs, len(index))
     index_arr = jnp.asarray(index)
     start, width, outputs_last = layers[-1] if layers is not None else (0, 0, 0)
-    if layers is not None and hessian in ("full", "diag") and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last)):
-        # exactly the last layer: its Jacobian is known in closed form (φ̃ ⊗ I)
+    if (layers is not None and hessian in ("full", "diag") and curvature.layer_locations(problem)[-1] == 1
+            and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last))):
+        # exactly the last layer, a dense one: its Jacobian is known in closed form (φ̃ ⊗ I)
         return curvature.last_layer_ggn(problem, u, hessian, curvature.chunk_rows(outputs * outputs, width))
     # the sites holding the free coordinates: derivatives skip every other layer
     columns = np.zeros(problem.num_params, bool)

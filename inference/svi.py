@@ -324,6 +324,12 @@ class SVI(Method):
                     "svi: local_reparam=True needs a declarative model with dense layers (ppl.models BNN, "
                     "LinearRegression, LogisticRegression); this is a plain NumPyro program"
                 )
+            if not problem.model.dense:
+                raise OptionError(
+                    f"svi: local_reparam=True samples each dense layer's pre-activations, but this "
+                    f"{type(problem.model).__name__} is not a stack of dense layers (no declared dense structure) — "
+                    "drop local_reparam"
+                )
             if self.global_guide_name(problem) != "mean_field":
                 raise OptionError("svi: local_reparam=True needs guide='mean_field'")
         if problem.local_sites:

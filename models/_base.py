@@ -78,6 +78,12 @@ class SupervisedModel:
         closed-form last-layer GGN and the local reparameterisation need)."""
         return True
 
+    @property
+    def has_layers(self) -> bool:
+        """Whether :meth:`layers` and :meth:`forward` describe the network layer by layer (what K-FAC
+        needs; a layer may be applied at several locations, as a convolution is)."""
+        return self.dense
+
     def network_sites(self, input_dim: int) -> tuple:
         """Names of the real-valued sites ``apply`` reads (every weight and bias), in site order."""
         return tuple(name for _, sites in self.parameter_groups(input_dim) for name in sites)

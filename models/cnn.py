@@ -1,10 +1,12 @@
 """A Bayesian convolutional network for images (N, H, W, C), built as a :class:`Network`.
 
 ``CNN`` is a declaration; on the data it becomes a ``Network`` whose apply function is a
-:class:`ConvNet` (convolutions with ``jax.lax.conv_general_dilated``, then dense layers) and whose
+:class:`ConvNet` (convolutions as image patches times the kernel matrix, then dense layers) and whose
 parameters are ``conv_{i}.kernel`` (k, k, in, out), ``conv_{i}.bias`` (out,), ``dense_{j}.kernel``,
 ``dense_{j}.bias`` and the output layer ``out.kernel``, ``out.bias`` (the last layer). Everything a
-``Network`` does (priors per group, methods, the generic GGN Laplace) applies unchanged.
+``Network`` does (priors per group, methods, the generic GGN Laplace) applies unchanged, and the
+ConvNet declares its layers (:meth:`ConvNet.layers`, :meth:`ConvNet.forward`), so Laplace's K-FAC
+covers its convolutions too (K-FAC-expand: each location of a convolution counts as one input row).
 """
 
 from __future__ import annotations
@@ -44,9 +46,10 @@ def image_patches(h, size: int):
     )
 
 
-def same_convolution(h, kernel):
-    """Stride-1 'SAME' cross-correlation of NHWC images with an HWIO kernel, as
-    ``lax.conv_general_dilated`` computes it, written as patches times the kernel matrix.
+def same_convolution(h, kernel) -> tuple:
+    """(output, patches): the stride-1 'SAME' cross-correlation of NHWC images with an HWIO kernel,
+    as ``lax.conv_general_dilated`` computes it, written as patches times the kernel matrix, and
+    the patches (N, H, W, k·k·C_in) it multiplied (each location's input row, for K-FAC).
 
     One matrix product with contraction k·k·C_in, and its gradient two more. On 2 CPU cores, for the
     default CNN on 8 × 8 digits (value and gradient of both convolutions over 1437 images), it took
@@ -54,7 +57,8 @@ def same_convolution(h, kernel):
     draws vmapped (as SVI's particles are).
     """
     size, _, c_in, c_out = kernel.shape
-    return image_patches(h, size) @ kernel.reshape(size * size * c_in, c_out)
+    patches = image_patches(h, size)
+    return patches @ kernel.reshape(size * size * c_in, c_out), patches
 
 
 @dataclass(frozen=True)
@@ -94,20 +98,45 @@ class ConvNet:
         params["out"] = {"kernel": jnp.zeros((previous, self.outputs)), "bias": jnp.zeros(self.outputs)}
         return params
 
-    def __call__(self, params: dict, X):
+    def layers(self) -> tuple:
+        """((weight site, bias site, activation after it), ...) input to output: the layer structure
+        ``Network`` reads for K-FAC (see :meth:`forward`)."""
+        names = [f"conv_{i}" for i in range(len(self.channels))] + [f"dense_{j}" for j in range(len(self.dense))]
+        return tuple((f"{n}.kernel", f"{n}.bias", self.activation) for n in names) + (("out.kernel", "out.bias", None),)
+
+    def forward(self, params: dict, X, taps=None) -> tuple:
+        """(output, inputs): the network's output and each layer's input rows, in :meth:`layers` order.
+
+        A convolution is a dense layer applied at every pixel to that pixel's patch, so its input is
+        (B, H·W, k·k·C_in), one row per location, and a dense layer's is (B, fan_in). ``taps``, when
+        given, adds one array per layer to its pre-activation, shaped (B, H·W, C_out) or (B, fan_out):
+        the gradient with respect to a tap is the gradient with respect to that pre-activation.
+        """
         act = ACTIVATIONS[self.activation]
-        h = X
+        h, inputs = X, []
         for i in range(len(self.channels)):
             layer = params[f"conv_{i}"]
-            h = act(same_convolution(h, layer["kernel"]) + layer["bias"][None, None, None, :])
+            pre, patches = same_convolution(h, layer["kernel"])
+            inputs.append(jnp.reshape(patches, (patches.shape[0], -1, patches.shape[-1])))
+            pre = pre + layer["bias"][None, None, None, :]
+            if taps is not None:
+                pre = pre + jnp.reshape(taps[i], pre.shape)
+            h = act(pre)
             if self.pool > 1 and h.shape[1] >= self.pool and h.shape[2] >= self.pool:
                 window = (1, self.pool, self.pool, 1)
                 h = jax.lax.reduce_window(h, 0.0, jax.lax.add, window, window, "VALID") / (self.pool * self.pool)
         h = jnp.reshape(h, (h.shape[0], -1))
-        for j in range(len(self.dense)):
-            layer = params[f"dense_{j}"]
-            h = act(h @ layer["kernel"] + layer["bias"][None, :])
-        return h @ params["out"]["kernel"] + params["out"]["bias"][None, :]
+        names = [f"dense_{j}" for j in range(len(self.dense))] + ["out"]
+        for j, name in enumerate(names):
+            inputs.append(h)
+            pre = h @ params[name]["kernel"] + params[name]["bias"][None, :]
+            if taps is not None:
+                pre = pre + taps[len(self.channels) + j]
+            h = act(pre) if name != "out" else pre
+        return h, inputs
+
+    def __call__(self, params: dict, X):
+        return self.forward(params, X)[0]
 
 
 @dataclass(frozen=True)

@@ -134,6 +134,38 @@ def _layout(template) -> tuple:
     return treedef, tuple(out), tuple(group_of)
 
 
+def _declared_layers(network) -> tuple:
+    """``apply_fn.layers()`` checked against the template: each names a weight leaf of two or more
+    axes and a bias leaf (or None) of the weight's output size."""
+    from ppl.models._base import ACTIVATIONS, Layer
+
+    shapes = {leaf.name: leaf.shape for leaf in network.leaves}
+    declared = network.apply_fn.layers()
+    out = []
+    for entry in declared:
+        if not (isinstance(entry, tuple) and len(entry) == 3):
+            raise OptionError(
+                f"Network.apply_fn.layers() must give (weight site, bias site or None, activation or None) per layer; "
+                f"got {entry!r}"
+            )
+        weight, bias, activation = entry
+        if weight not in shapes or len(shapes[weight]) < 2:
+            raise OptionError(
+                f"Network.apply_fn.layers() names the weight {weight!r}, which is not a parameter leaf of two or more "
+                f"axes; the leaves are {', '.join(shapes)}"
+            )
+        fan_out = shapes[weight][-1]
+        if bias is not None and shapes.get(bias) != (fan_out,):
+            raise OptionError(
+                f"Network.apply_fn.layers() names the bias {bias!r} for {weight!r}, which is not a leaf of shape "
+                f"({fan_out},); the leaves are {', '.join(f'{n} {shapes[n]}' for n in shapes)}"
+            )
+        if activation is not None and activation not in ACTIVATIONS:
+            raise OptionError(f"Network.apply_fn.layers(): activation {activation!r} is not one of {tuple(ACTIVATIONS)}")
+        out.append(Layer(weight, bias, math.prod(shapes[weight][:-1]), fan_out, activation))
+    return tuple(out)
+
+
 @dataclass(frozen=True)
 class Network(SupervisedModel):
     """A Bayesian network from any pure JAX function ``apply_fn(params, X) -> outputs``.
@@ -159,6 +191,15 @@ class Network(SupervisedModel):
             ``mola``) cover. A prefix matches whole path components (``"dense"`` does not match
             ``"dense_2.kernel"``). Without it the output layer is unknown: ``laplace`` then
             defaults to ``subset="all"`` and refuses ``"last_layer"``.
+
+    Layer structure (optional; what ``laplace``'s ``hessian="kfac"`` needs): an ``apply_fn`` that
+    also has ``layers()`` — ((weight site, bias site or None, activation or None), ...) from input to
+    output — and ``forward(params, X, taps=None) -> (outputs, inputs)`` declares its layers. A layer
+    computes ``inputs[l] @ weight.reshape(fan_in, fan_out) (+ bias)`` at each of its rows:
+    ``inputs[l]`` is (B, fan_in) for a dense layer or (B, R, fan_in) for a layer applied at R
+    locations (a convolution's patches), and ``taps[l]``, shaped like that pre-activation
+    ((B, fan_out) or (B, R, fan_out)), is added to it. :class:`ppl.models.CNN`'s apply function is
+    one.
 
     >>> import jax.numpy as jnp
     >>> from ppl.models import Network
@@ -261,16 +302,31 @@ class Network(SupervisedModel):
     def last_layer_sites(self, input_dim=None) -> tuple | None:
         return self._last_names() if self.last_layer is not None else None
 
-    def layers(self, input_dim: int) -> tuple:
-        raise OptionError(
-            f"this needs dense layers (K-FAC curvature, the local reparameterisation), but a Network's parameters "
-            f"({', '.join(self.groups)}) have no declared dense structure — for laplace use hessian='full', 'diag' or "
-            "'lowrank'; for svi drop local_reparam"
-        )
+    @property
+    def has_layers(self) -> bool:
+        return callable(getattr(self.apply_fn, "layers", None)) and callable(getattr(self.apply_fn, "forward", None))
+
+    def layers(self, input_dim=None) -> tuple:
+        """The layers ``apply_fn`` declares (see the class docstring), as :class:`Layer` records whose
+        fan-in is the weight's size over its last axis (k·k·C_in for a convolution)."""
+        if not self.has_layers:
+            raise OptionError(
+                f"this needs the network's layer structure (K-FAC curvature), but this Network's apply_fn does not "
+                f"declare one for its parameters ({', '.join(self.groups)}) — for laplace use hessian='full', 'diag' "
+                "or 'lowrank' (the generic GGN works for any network), or give apply_fn layers() and forward() "
+                "(see ppl.models.Network)"
+            )
+        return _declared_layers(self)
 
     @property
     def dense(self) -> bool:
+        # a Network's layers, even when declared, may be convolutions: not a stack of dense matmuls
         return False
+
+    def forward(self, params: dict, X, taps=None) -> tuple:
+        """(output, inputs) from ``apply_fn.forward`` on the parameter tree (K-FAC's pass)."""
+        out, inputs = self.apply_fn.forward(self._tree(params), X, taps)
+        return (out if jnp.ndim(out) == 1 else self.squeeze(out)), list(inputs)
 
     def _tree(self, params: dict):
         return jax.tree_util.tree_unflatten(self.treedef, [params[leaf.name] for leaf in self.leaves])

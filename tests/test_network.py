@@ -254,7 +254,7 @@ def test_structure_it_does_not_have_is_refused():
         ppl.fit(plain, (X, y), method="laplace", seed=0, hessian="kfac")
     with pytest.raises(OptionError, match=r"subset='last_layer' needs to know the output layer.*last_layer="):
         ppl.fit(plain, (X, y), method="laplace", seed=0, subset="last_layer")
-    with pytest.raises(OptionError, match="no declared dense structure"):
+    with pytest.raises(OptionError, match="local_reparam=True samples each dense layer"):
         ppl.fit(plain, (X, y), method="svi", seed=0, local_reparam=True, steps=10)
     with pytest.raises(ValueError, match="apply_fn is code"):
         ppl.models.from_config(compile_problem(plain, (X, y)).model.to_config())
