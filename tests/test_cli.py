@@ -53,6 +53,7 @@ def test_fit_and_show_a_vae_with_its_figure(tmp_path, capsys):
     assert "log_px" in shown and "vae.png" in shown
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_vae_on_an_unlabelled_csv(tmp_path, capsys):
     import numpy as np
 

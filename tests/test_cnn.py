@@ -56,6 +56,7 @@ def test_digits_as_images():
         ppl.datasets.load("iris", images=True)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_cnn_is_a_network_on_the_data():
     data = ppl.datasets.load("digits", seed=0, images=True)
     X, y = data.train.X[:120], data.train.y[:120]

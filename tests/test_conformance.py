@@ -111,6 +111,7 @@ def _linear_apply(params, X):
     return X @ params["w"] + params["b"]
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_network_model_lands_on_the_conjugate_posterior(method, linear_data, linear_truth):
     """Every method on a user's Network (the linear model through a plain apply function): a valid
     Posterior with the template's sites whose diagnostics compute, on the conjugate posterior."""
@@ -140,6 +141,7 @@ def test_tuning_numbers_do_not_recompile(linear_model, linear_data):
         assert trace_count() == before, f"{name} recompiled for {changed} or a new temperature"
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_model, linear_data, monkeypatch, tmp_path):
     """Every looping method stops on Ctrl-C at a chunk boundary with its state kept, and resuming
     from the saved state gives the uninterrupted run bit for bit. One-step methods refuse resume."""

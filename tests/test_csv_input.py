@@ -235,6 +235,7 @@ def test_cli_refuses_target_for_npz(tmp_path, capsys):
     assert "is a .npz file" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_console_script_target_rule_and_text_labels(tmp_path):
     # A separate process, as a user runs it: refused without --target, then the chosen column printed.
     def run(*args):

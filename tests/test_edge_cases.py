@@ -36,6 +36,7 @@ def bounded_mean(values):
         numpyro.sample("obs", dist.Normal(m, 1.0), obs=values)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_log_prob_with_a_support_that_depends_on_another_site():
     values = np.random.default_rng(1).normal(2.0, 1.0, 20)
     post = ppl.fit(bounded_mean, {"values": values}, method="svi", seed=0, guide="full_rank", steps=300)

@@ -22,6 +22,7 @@ def test_one_member_is_the_map_run_with_the_same_seed(linear_model, linear_data)
     assert ensemble.kind == "members" and single.kind == "point"
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_members_do_not_depend_on_the_ensemble_size_and_member_zero_is_map(cancer):
     # Adam on minibatches: every step's arithmetic is the same, so member m agrees to rounding.
     # (A long L-BFGS run on a non-convex network amplifies last-bit differences between the batched
@@ -38,6 +39,7 @@ def test_members_do_not_depend_on_the_ensemble_size_and_member_zero_is_map(cance
     assert five.trace.losses.shape == (5, 200)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_ensemble_diagnostics_read_the_kind_not_the_layout(cancer, tmp_path):
     model = BNN(hidden=(8,), likelihood="bernoulli")
     post = ppl.fit(model, cancer.train, method="ensemble", seed=0, num_members=4, steps=3000)

@@ -27,6 +27,7 @@ def _elbo_agrees(post, model, *args):
     assert abs(theirs - post.diagnostics().elbo) <= 4 * se + 1e-9 * abs(theirs), (theirs, post.diagnostics().elbo, se)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 @pytest.mark.parametrize("method, options", [("svi", {"guide": "full_rank", "steps": 1500}), ("swag", {})])
 def test_numpyro_elbo_and_predictive_through_the_guide(method, options, linear_data):
     model = LinearRegression(noise_scale=None)  # a constrained site (sigma): the Jacobian matters
@@ -66,6 +67,7 @@ def test_methods_without_a_density_are_refused(linear_model, linear_data):
             post.as_numpyro_guide()
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_svi_starts_from_a_given_posterior(linear_model, linear_data, linear_truth):
     exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
     # The guide is written in the given posterior's frame (units of its sds) and starts there; Adam's

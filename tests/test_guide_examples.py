@@ -45,6 +45,7 @@ def registered(request, monkeypatch):
     conformance.FIT_CACHE.clear()  # the fits belong to this run-time registration
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_guide_examples_pass_the_conformance_tests(registered, linear_model, linear_data, linear_truth):
     conformance.test_returns_valid_posterior(registered, linear_model, linear_data)
     conformance.test_diagnostics_compute(registered, linear_model, linear_data)

@@ -291,6 +291,7 @@ def cancer():
     return data, model, ppl.fit(model, data.train, method="map", seed=0)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_probit_agrees_with_a_large_linearised_sample(cancer):
     data, model, map_post = cancer
     post = ppl.fit(model, data.train, method="laplace", seed=0, init=map_post)  # last layer, K-FAC

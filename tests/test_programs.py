@@ -337,6 +337,7 @@ def _ppl_command() -> list:
     return [str(script)] if script.is_file() else [sys.executable, "-m", "ppl.cli"]
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_a_program_from_main_warns_on_save_and_shows_from_its_files(tmp_path, capsys):
     (tmp_path / "fit.py").write_text(SCRIPT)
     run, bare = tmp_path / "run", tmp_path / "bare"

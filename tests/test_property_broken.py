@@ -109,7 +109,7 @@ def _property(method, data, linear_data):
 
 
 @pytest.mark.parametrize("method", sorted(registry.METHODS))
-@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_broken_inputs_never_give_a_quiet_wrong_answer(method, data, linear_data):
     _property(method, data, linear_data)

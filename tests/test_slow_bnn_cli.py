@@ -23,9 +23,10 @@ def test_bnn_nuts_on_breast_cancer_through_the_cli(tmp_path):
     )
     elapsed = time.perf_counter() - start
     assert result.returncode == 0, result.stderr
-    # On 2 CPU cores the four chains take about 175 s (the chunked driver and the previous single-program
-    # one measured 177.6 s and 175.1 s in one session); the bound catches a real slowdown, not noise.
-    assert elapsed < 360, f"took {elapsed:.0f} s"
+    # No wall-time bound: CI machines differ by 2.5x between runs and this test shares them with a
+    # second pytest worker, so a bound either flakes or catches nothing. Speed is measured in bench/
+    # against plain NumPyro in the same run; the time is printed for the log (-s or a failure).
+    print(f"ppl fit --method nuts on breast_cancer: {elapsed:.0f} s")
     assert "rhat_max" in result.stdout and "rhat_function_max" in result.stdout
     summary = json.loads((out / "summary.json").read_text())
     diagnostics = summary["diagnostics"]

@@ -121,6 +121,7 @@ def test_ctrl_c_during_swag_never_yields_a_result_that_looks_complete(after, mon
     assert not diag.ok and any("interrupted" in w for w in diag.warnings)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 @pytest.mark.parametrize("method", ["swag", "multiswag"])
 def test_ctrl_c_in_pre_training_resumes_to_the_uninterrupted_run(method, monkeypatch, linear_model, linear_data, tmp_path):
     from test_faults import _interrupt_after

@@ -56,6 +56,7 @@ def test_log_marginal_equals_the_linear_decoders_closed_form(ppca_fit, ppca_data
     assert abs(np.sum(estimate - exact)) <= 3 * total_se + 1e-9, (np.sum(estimate - exact), total_se)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_trained_ppca_vae_is_within_a_nat_of_maximum_likelihood_ppca(ppca_fit, ppca_data):
     """Tipping & Bishop (1999): with σ fixed, the ML solution is b = mean, W = U_q (Λ_q − σ² I)^½."""
     train, test = ppca_data
@@ -117,6 +118,7 @@ def test_vae_api_save_load_and_show(digits, tmp_path, capsys):
         lin.encode(X)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_learned_gaussian_noise_never_collapses(digits):
     from ppl.models.vae import SIGMA_FLOOR
 
@@ -125,6 +127,7 @@ def test_learned_gaussian_noise_never_collapses(digits):
     assert sigma >= SIGMA_FLOOR and np.isfinite(sigma)
 
 
+@pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_bayesian_decoder_has_a_distribution_over_its_weights(digits):
     post = _small_vae(digits, bayesian_decoder=True, steps=400, num_draws=50)
     assert post.info["guide"] == "mean_field" and post.num_draws == 50
