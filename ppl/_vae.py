@@ -146,7 +146,6 @@ def local_model(post, X):
     ``ppl.fit(post.local_model(X[:20]), method="nuts", seed=0)``.
     """
     import numpyro
-    import numpyro.distributions as dist
 
     _require(post, "local_model")
     X = _data(post, X, "local_model")

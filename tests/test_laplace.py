@@ -28,7 +28,6 @@ from ppl.inference._gaussian import (
     Diagonal,
     Full,
     Gaussian,
-    Kronecker,
     LowRankDiagonal,
     Mixture,
     PrecisionLowRank,

@@ -29,7 +29,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 from jax.scipy.special import gammaln
-from numpyro.distributions import biject_to, constraints
+from numpyro.distributions import constraints
 
 __all__ = ["CASES", "Case", "OrderedNormal", "flat", "case"]
 
