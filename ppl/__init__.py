@@ -12,7 +12,7 @@ Declare a model once, switch the inference method with one argument, read the sa
 from __future__ import annotations
 
 from ppl import datasets
-from ppl._calibrate import Calibration, Conformal, calibrate, conformal
+from ppl._calibrate import Calibration, Conformal, calibrate, conformal, load_calibration
 from ppl._checkpoint import Interrupted
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 from ppl._compare import Comparison, ComparisonInterrupted, compare
@@ -56,6 +56,7 @@ __all__ = [
     "Calibration",
     "conformal",
     "Conformal",
+    "load_calibration",
 ]
 __version__ = "0.1.0"
 

@@ -17,7 +17,10 @@ from ppl._data import validate_inputs, validate_supervised
 from ppl._errors import DataError, OptionError
 from ppl._results import Prediction
 
-__all__ = ["calibrate", "Calibration", "conformal", "Conformal", "scale_temperature", "conformal_rank"]
+__all__ = [
+    "calibrate", "Calibration", "conformal", "Conformal", "scale_temperature", "conformal_rank", "load_calibration",
+    "CALIBRATION_FILE",
+]
 
 # Temperatures are searched on log T in [−log 100, log 100]. A validation optimum outside
 # [0.01, 100] means the validation split cannot tell temperatures apart (every point classified
@@ -204,13 +207,24 @@ class Calibration:
             else "no temperature beat T = 1 on the validation data"
         )
         lines = [
-            f"Temperature scaling — {getattr(self.posterior, 'method', '?')} posterior, mode={self.mode!r}",
+            f"Temperature scaling — {_of_method(self.posterior)}mode={self.mode!r}",
             f"  temperature        {self.temperature:.4g}  ({direction})",
             f"  validation NLL     {self.validation_nll_uncalibrated:.4f} at T = 1 -> {self.validation_nll:.4f} "
             f"per point ({self.num_validation} points)",
         ]
         lines.extend(f"  note: {note}" for note in self.notes)
         return "\n".join(lines)
+
+    def save(self, path) -> None:
+        """Write the posterior's run to folder ``path`` with this temperature in it, as one unit
+        (replacing a run there, as ``Posterior.save`` does); ``ppl.load_calibration(path)`` reads both
+        back and ``ppl.load(path)`` the posterior alone."""
+        _save(self, path)
+
+
+def _of_method(posterior) -> str:
+    method = getattr(posterior, "method", None)
+    return f"{method} posterior, " if method else ""
 
 
 def calibrate(posterior, val_data, *, seed, num_samples: int | None = None, mode: str = "mc") -> Calibration:
@@ -411,6 +425,12 @@ class Conformal:
             f"{1 - self.alpha:.3g}), threshold {self.threshold:.4g} from {self.num_calibration} calibration points"
         )
 
+    def save(self, path) -> None:
+        """Write the posterior's run to folder ``path`` with these sets' threshold in it, as one unit
+        (replacing a run there, as ``Posterior.save`` does); ``ppl.load_calibration(path)`` reads both
+        back and ``ppl.load(path)`` the posterior alone."""
+        _save(self, path)
+
 
 def conformal(
     posterior, cal_data, *, alpha: float = 0.1, seed, score: str | None = None, num_samples: int | None = None,
@@ -487,3 +507,105 @@ def conformal(
         posterior=posterior, task=task, alpha=alpha, score=score, threshold=threshold,
         num_calibration=int(X.shape[0]), num_samples=num_samples, mode=mode, temperature=temperature,
     )
+
+
+# -- saving and loading ----------------------------------------------------------------------------
+# A calibration lives in its posterior's run folder as one small JSON file, checked on loading like
+# every other file of a run (the manifest's checksum, then each field's type and range).
+CALIBRATION_FILE = "calibration.json"
+_KINDS = {"temperature": Calibration, "conformal": Conformal}
+
+
+def calibration_record(calibration) -> dict:
+    """The JSON record of a :class:`Calibration` or :class:`Conformal` (everything but the posterior)."""
+    from dataclasses import fields
+
+    kind = next(name for name, cls in _KINDS.items() if isinstance(calibration, cls))
+    record = {"kind": kind}
+    record.update((f.name, getattr(calibration, f.name)) for f in fields(calibration) if f.name != "posterior")
+    if "notes" in record:
+        record["notes"] = list(record["notes"])
+    return record
+
+
+def _save(calibration, path) -> None:
+    from ppl._io import save_posterior
+
+    calibration.posterior._attached("save")
+    save_posterior(calibration.posterior, path, extra_files={CALIBRATION_FILE: calibration_record(calibration)})
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _finite(value, low=-math.inf) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > low
+
+
+def calibration_from_record(posterior, record, where: str, task: str | None = None):
+    """A :class:`Calibration` or :class:`Conformal` on ``posterior`` from its JSON ``record``, every
+    field checked (``where`` names the file in errors). ``task`` (``"classification"`` or
+    ``"regression"``) stands in for the posterior's where there is none (``posterior=None``, as
+    ``ppl show`` reads a run without loading it)."""
+    from ppl._errors import RunError
+
+    def bad(name: str, wanted: str):
+        shown = repr(record.get(name, "<missing>") if isinstance(record, dict) else record)
+        return RunError(f"{where}: field {name!r} must be {wanted}, got {shown[:80]} — the file was edited or corrupted")
+
+    if not isinstance(record, dict) or record.get("kind") not in _KINDS:
+        raise bad("kind", f"one of {list(_KINDS)}")
+    kind = record["kind"]
+    task = task or _supervised_task(posterior, "ppl.load_calibration")
+    checks = {
+        "num_samples": (lambda v: v is None or _positive_int(v), "a positive integer or null"),
+        "mode": (lambda v: isinstance(v, str), "a prediction mode name"),
+    }
+    if kind == "temperature":
+        checks.update(
+            temperature=(lambda v: _finite(v, 0.0), "a positive finite number"),
+            validation_nll=(_finite, "a finite number"),
+            validation_nll_uncalibrated=(_finite, "a finite number"),
+            num_validation=(_positive_int, "a positive integer"),
+            notes=(lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "a list of strings"),
+        )
+        if task != "classification":
+            raise RunError(f"{where}: holds a temperature, but the run is a {task} posterior — the file was edited or corrupted")
+    else:
+        allowed = _CLASSIFICATION_SCORES if task == "classification" else _REGRESSION_SCORES
+        checks.update(
+            task=(lambda v: v == task, f"{task!r} (the run's task)"),
+            alpha=(lambda v: _finite(v, 0.0) and v < 1.0, "a number in (0, 1)"),
+            score=(lambda v: v in allowed, f"one of {list(allowed)}"),
+            threshold=(lambda v: _finite(v, -1e-12), "a finite number ≥ 0"),
+            num_calibration=(_positive_int, "a positive integer"),
+            temperature=(lambda v: v is None or _finite(v, 0.0), "a positive finite number or null"),
+        )
+    unknown = sorted(set(record) - set(checks) - {"kind"})
+    if unknown:
+        raise RunError(f"{where}: unexpected field(s) {unknown} — the file was edited or written by another version")
+    for name, (ok, wanted) in checks.items():
+        if name not in record or not ok(record[name]):
+            raise bad(name, wanted)
+    values = {name: record[name] for name in checks}
+    if kind == "temperature":
+        values["notes"] = tuple(values["notes"])
+        values["temperature"] = float(values["temperature"])
+    return _KINDS[kind](posterior=posterior, **values)
+
+
+def load_calibration(path, *, model=None, trust: bool = False):
+    """The :class:`Calibration` or :class:`Conformal` saved in run folder ``path`` (by its ``save``
+    or ``ppl calibrate``), on the run's posterior; both are read from one snapshot of the folder and
+    checked as ``ppl.load`` checks a run. ``model`` and ``trust`` as for ``ppl.load``."""
+    from ppl._errors import RunError
+    from ppl._io import load_with
+
+    posterior, record = load_with(path, CALIBRATION_FILE, model=model, trust=trust)
+    if record is None:
+        raise RunError(
+            f"{path}: the run holds no calibration; fit one with ppl.calibrate(post, val_data, seed=...).save(path), "
+            "ppl.conformal(...).save(path), or `ppl calibrate RUN --data FILE`"
+        )
+    return calibration_from_record(posterior, record, f"{path}/{CALIBRATION_FILE}")

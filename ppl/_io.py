@@ -165,7 +165,47 @@ def save_run(
 ) -> None:
     """Write a run folder as one unit: a posterior (or None for a state-only checkpoint), the state to
     resume from, the fingerprint resuming must match, and extra JSON files (name -> object)."""
+
+    def write(staging: Path) -> None:
+        meta, arrays, diagnostics = _collect(posterior, resume_state, fingerprint, status, with_diagnostics)
+        with open(staging / ARRAYS, "wb") as handle:
+            np.savez(handle, **arrays)
+        (staging / META).write_bytes(_dump(meta))
+        if diagnostics is not None:
+            (staging / DIAGNOSTICS).write_bytes(_dump(diagnostics))
+        for name, obj in (extra_files or {}).items():
+            _check_extra_name(name)
+            (staging / name).write_bytes(obj if isinstance(obj, bytes) else _dump(obj))
+
+    _write_run(Path(path), write, "the fitted result is still in memory", "call save again")
+
+
+def add_run_file(path, name: str, obj) -> None:
+    """Add one JSON file to a saved run (or replace it), as one unit: the run's other files are copied
+    unchanged after checking them against its manifest, so a reader sees the run with or without it."""
+    _check_extra_name(name)
     path = Path(path)
+
+    def write(staging: Path) -> None:
+        with _open_snapshot(path) as snapshot:
+            if not snapshot.json(META).get("has_posterior"):
+                raise RunError(f"{path}: this folder holds a checkpoint with no draws yet; finish the run first")
+            for existing in snapshot.manifest["files"]:
+                if existing != name:
+                    (staging / existing).write_bytes(snapshot.file(existing))
+        (staging / name).write_bytes(_dump(obj))
+
+    _write_run(path, write, f"the run is unchanged and {name} was not written", "try again")
+
+
+def _check_extra_name(name: str) -> None:
+    if name in (MANIFEST, META, ARRAYS, DIAGNOSTICS) or "/" in name:
+        raise ValueError(f"extra run file name {name!r} is reserved or not a plain file name")
+
+
+def _write_run(path: Path, write, kept: str, retry: str) -> None:
+    """Stage a run folder beside ``path`` (``write(staging)`` puts its files there), add the manifest
+    and swap it into place under the run's lock. ``kept`` and ``retry`` finish the error messages."""
     if path.is_symlink():
         # Save into the folder the link names (the link itself stays, and shares the lock).
         path = Path(os.path.realpath(path))
@@ -174,7 +214,7 @@ def save_run(
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as error:
-            raise RunError(f"{path}: cannot create its parent folder ({error.strerror}); the result is still in memory") from None
+            raise RunError(f"{path}: cannot create its parent folder ({error.strerror}); {kept}") from None
         for stale in path.parent.glob(f".{path.name}.new-*"):
             # Under the lock no other writer is staging: these were left by a killed process.
             shutil.rmtree(stale, ignore_errors=True)
@@ -184,18 +224,9 @@ def save_run(
             os.umask(umask)
             os.chmod(staging, 0o777 & ~umask)  # a run folder gets the usual permissions, not mkdtemp's 0700
         except OSError as error:
-            raise RunError(f"{path}: cannot write beside it ({error.strerror}); the result is still in memory") from None
+            raise RunError(f"{path}: cannot write beside it ({error.strerror}); {kept}") from None
         try:
-            meta, arrays, diagnostics = _collect(posterior, resume_state, fingerprint, status, with_diagnostics)
-            with open(staging / ARRAYS, "wb") as handle:
-                np.savez(handle, **arrays)
-            (staging / META).write_bytes(_dump(meta))
-            if diagnostics is not None:
-                (staging / DIAGNOSTICS).write_bytes(_dump(diagnostics))
-            for name, obj in (extra_files or {}).items():
-                if name in (MANIFEST, META, ARRAYS, DIAGNOSTICS) or "/" in name:
-                    raise ValueError(f"extra run file name {name!r} is reserved or not a plain file name")
-                (staging / name).write_bytes(obj if isinstance(obj, bytes) else _dump(obj))
+            write(staging)
             files = {
                 p.name: {"bytes": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(staging.iterdir())
             }
@@ -210,7 +241,7 @@ def save_run(
             advice = "free space (or choose another folder)" if error.errno in (errno.ENOSPC, errno.EDQUOT) else "fix that"
             raise RunError(
                 f"{path}: could not write the run ({error.strerror or error}); nothing was changed on disk and "
-                f"the fitted result is still in memory — {advice} and call save again"
+                f"{kept} — {advice} and {retry}"
             ) from error
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
@@ -930,11 +961,19 @@ def _import_program(record: dict, folder: Path):
     return obj
 
 
-def load_run(path, *, model=None, trust: bool = False):
-    """(Posterior or None, ResumeState or None, meta) of a run folder. See :func:`load`."""
+def load_run(path, *, model=None, trust: bool = False, extra: str | None = None):
+    """(Posterior or None, ResumeState or None, meta) of a run folder. See :func:`load`. With ``extra``
+    (a file name), a fourth item: that file's parsed JSON from the same snapshot, or None if absent."""
     if not isinstance(path, (str, os.PathLike)):
         raise RunError(f"a run folder is a path (str or pathlib.Path), got {type(path).__name__}")
-    return _with_snapshot(path, lambda snapshot: _load_from(snapshot, model, trust))
+
+    def read(snapshot):
+        loaded = _load_from(snapshot, model, trust)
+        if extra is None:
+            return loaded
+        return (*loaded, snapshot.json(extra) if snapshot.has(extra) else None)
+
+    return _with_snapshot(path, read)
 
 
 def _given_network(model, record: dict, data, folder):
@@ -1174,11 +1213,18 @@ def load(path, *, model=None, trust: bool = False):
     ``trust=True`` asks to import it by the recorded name (only for folders you wrote yourself).
     Any corrupt, truncated, edited or partial folder raises one :class:`ppl.RunError` naming the file.
     """
-    posterior, resume, meta = load_run(path, model=model, trust=trust)
+    return load_with(path, None, model=model, trust=trust)[0]
+
+
+def load_with(path, extra: str | None, *, model=None, trust: bool = False):
+    """(the posterior as :func:`load` gives it, the parsed JSON of the run's file ``extra`` or None
+    where the run has no such file), both read from one snapshot of the folder."""
+    loaded = load_run(path, model=model, trust=trust, extra=extra)
+    posterior, meta = loaded[0], loaded[2]
     if posterior is None:
         progress = (meta.get("resume") or {}).get("progress")
         raise RunError(
             f"{path}: this folder holds a checkpoint with no draws yet (progress {progress}); continue it with "
             "ppl.fit(..., resume=path) or `ppl fit --resume DIR`"
         )
-    return posterior
+    return posterior, (loaded[3] if extra is not None else None)

@@ -1,4 +1,4 @@
-"""The ``ppl`` command line: fit, compare, show, predict, datasets, methods.
+"""The ``ppl`` command line: fit, compare, show, predict, calibrate, datasets, methods.
 
 Bad input or usage exits with status 2 and writes nothing.
 """
@@ -107,6 +107,25 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--seed", type=_seed, default=0, help="seed of the predictive draws (default 0)")
     predict.add_argument("--num-samples", type=_positive, help="posterior draws to use (default: all stored)")
     predict.add_argument("--level", type=float, default=0.9, help="central predictive interval (regression; default 0.9)")
+    predict.add_argument("--uncalibrated", action="store_true",
+                         help="ignore the calibration that ppl calibrate saved in the run")
+    calib = sub.add_parser(
+        "calibrate",
+        help="fit a temperature (classifiers) and, with --alpha, split-conformal sets or intervals to a saved run on "
+        "held-out labelled rows; saved into the run, where ppl predict applies it and ppl show prints it",
+    )
+    calib.add_argument("run", help="a run folder written by ppl fit")
+    calib.add_argument(
+        "--data", required=True,
+        help="a .csv or .npz file of labelled rows in raw units (as for ppl predict) that the run was not fitted on",
+    )
+    calib.add_argument("--alpha", type=float, help="also build split-conformal sets (classification) or intervals "
+                       "(regression) with miscoverage ALPHA, e.g. 0.1 for 90%% coverage")
+    calib.add_argument("--score", choices=("aps", "lac", "residual"),
+                       help="conformal score (default aps for classifiers, residual for regression)")
+    calib.add_argument("--no-temperature", action="store_true", help="skip temperature scaling (classifiers)")
+    calib.add_argument("--seed", type=_seed, default=0, help="seed of the predictive draws and of the row split (default 0)")
+    calib.add_argument("--num-samples", type=_positive, help="posterior draws to use (default: all stored)")
     sub.add_parser("datasets", help="list the bundled datasets")
     sub.add_parser("methods", help="list the methods with their options and defaults")
     return parser
@@ -808,10 +827,11 @@ def _plots(path: Path) -> list[str]:
 
 def _show(args) -> int:
     """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
+    from ppl._calibrate import CALIBRATION_FILE
     from ppl._io import _diagnostics_from, read_run_files
 
     path = _run_folder(Path(args.path))
-    meta, diagnostics, extras = read_run_files(path, ("summary.json",))
+    meta, diagnostics, extras = read_run_files(path, ("summary.json", CALIBRATION_FILE))
     status = meta["status"]
     if not meta["has_posterior"]:
         progress = (meta.get("resume") or {}).get("progress")
@@ -863,6 +883,8 @@ def _show(args) -> int:
         lines.append(record.table())
     lines.extend(_metrics_lines(summary))
     lines.extend(_kfold_lines(summary))
+    if CALIBRATION_FILE in extras:
+        lines.append(_calibration_line(extras[CALIBRATION_FILE], model, path / CALIBRATION_FILE))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
         lines.append(f"figure (test data, reconstructions, samples; latent space for 2-D latents): {path / VAE_FIGURE}")
     if args.plots and network:
@@ -885,6 +907,17 @@ def _show(args) -> int:
         lines.append(f"verdict: not assessed — no diagnostics saved ({why}); ppl.load computes them")
     _print_lines(lines)
     return 0
+
+
+def _calibration_line(record, model: dict, where: Path) -> str:
+    """What ``ppl calibrate`` saved in the run, checked as loading checks it."""
+    from ppl._calibrate import calibration_from_record
+    from ppl.models._base import REGRESSION_LIKELIHOODS
+
+    likelihood = (model.get("fields") or {}).get("likelihood")
+    task = "regression" if likelihood in REGRESSION_LIKELIHOODS else "classification"
+    calibration = calibration_from_record(None, record, str(where), task=task)
+    return f"calibration (ppl calibrate; ppl predict applies it): {calibration}"
 
 
 def _preparation(data: dict, num_features: int, where: Path) -> dict:
@@ -917,53 +950,89 @@ def _preparation(data: dict, num_features: int, where: Path) -> dict:
     return prep
 
 
-def _predict(args) -> int:
-    """Predict raw rows with a saved run: prepare them as its training rows were, report in raw units."""
-    import numpy as np
+def _supervised_run(folder: Path, command: str, extra: str | None = None):
+    """(posterior, the saved preparation of its training rows, the run's file ``extra`` or None) of a
+    saved run of a supervised ppl model."""
+    from ppl import _io
 
-    import ppl
-    from ppl import datasets
-
-    folder = _run_folder(Path(args.run))
-    posterior = ppl.load(folder)
+    posterior, file = _io.load_with(folder, extra)
     problem = posterior.problem
     if problem is None or not problem.is_declarative or problem.spec.kind == "unsupervised":
-        raise UsageError(f"ppl predict needs a supervised model from ppl.models; {folder} holds a {posterior.method} run "
+        raise UsageError(f"ppl {command} needs a supervised model from ppl.models; {folder} holds a {posterior.method} run "
                          "of another kind (for a NumPyro program use numpyro.infer.Predictive with its draws)")
-    if not 0.0 < args.level < 1.0:
-        raise UsageError(f"--level must lie in (0, 1), got {args.level}")
     num_features = int(problem.data_X.shape[1])
-    prep = _preparation(posterior.provenance.get("data") or {}, num_features, folder)
-    if Path(args.data).suffix in (".csv", ".npz"):
-        raw, y = datasets.read_rows(args.data, num_features=num_features, features=prep["features"],
+    return posterior, _preparation(posterior.provenance.get("data") or {}, num_features, folder), file
+
+
+def _raw_rows(data: str, posterior, prep: dict, command: str):
+    """(X prepared as the training rows were, y in raw units or None, a description) of ``--data``:
+    a .csv/.npz file of raw rows, or (ppl predict only) a dataset name for its test split."""
+    import numpy as np
+
+    from ppl import datasets
+
+    num_features = int(posterior.problem.data_X.shape[1])
+    if Path(data).suffix in (".csv", ".npz"):
+        raw, y = datasets.read_rows(data, num_features=num_features, features=prep["features"],
                                     target=prep["target"], classes=prep["classes"])
-        described = f"{args.data}: {len(raw)} rows"
-    elif args.data in datasets.names():
+        described = f"{data}: {len(raw)} rows"
+    elif data in datasets.names() and command == "calibrate":
+        raise UsageError(f"--data {data}: a dataset name stands for its test split, which must stay unseen to score "
+                         "the calibrated run; give held-out labelled rows as a .csv or .npz file instead")
+    elif data in datasets.names():
         seed = posterior.seed if isinstance(posterior.seed, int) else 0
-        if args.data in datasets.UCI_FOLDERS:
+        if data in datasets.UCI_FOLDERS:
             saved = posterior.provenance.get("data") or {}
-            split = saved.get("split") if saved.get("source") == args.data and _split_or_none(saved.get("split")) else None
-            ds = datasets.load(args.data, split=split or 0)
+            split = saved.get("split") if saved.get("source") == data and _split_or_none(saved.get("split")) else None
+            ds = datasets.load(data, split=split or 0)
             picked = f"split {split or 0}"
         else:
-            ds = datasets.load(args.data, seed=seed)
+            ds = datasets.load(data, seed=seed)
             picked = f"seed {seed}"
         if ds.input_mean is None or ds.test.X.shape[1] != num_features:
-            raise UsageError(f"--data {args.data}: its rows have {ds.test.X.shape[1]} columns; the run was fitted on {num_features}")
+            raise UsageError(f"--data {data}: its rows have {ds.test.X.shape[1]} columns; the run was fitted on {num_features}")
         raw = np.asarray(ds.test.X) * np.asarray(ds.input_std) + np.asarray(ds.input_mean)
         y = np.asarray(ds.test.y, dtype=float)
         if ds.task == "regression":
             y = y * ds.target_std + ds.target_mean
-        described = f"the test split of {args.data} ({picked}): {len(raw)} rows"
+        described = f"the test split of {data} ({picked}): {len(raw)} rows"
     else:
-        raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
+        raise UsageError(f"--data {data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
     if prep["mean"] is None:
         X = raw
         described += "; the run records no input scaling (fitted through the API), so rows are used as they are"
     else:
         X = (raw - np.asarray(prep["mean"])) / np.asarray(prep["std"])
-    prediction = posterior.predict(X, seed=args.seed, num_samples=args.num_samples)
-    columns, summary = _prediction_columns(prediction, y, prep, args.level)
+    return X, y, described
+
+
+def _predict(args) -> int:
+    """Predict raw rows with a saved run: prepare them as its training rows were, report in raw units."""
+    from ppl._calibrate import CALIBRATION_FILE, Conformal, calibration_from_record, scale_temperature
+
+    folder = _run_folder(Path(args.run))
+    posterior, prep, record = _supervised_run(folder, "predict", CALIBRATION_FILE)
+    if not 0.0 < args.level < 1.0:
+        raise UsageError(f"--level must lie in (0, 1), got {args.level}")
+    X, y, described = _raw_rows(args.data, posterior, prep, "predict")
+    calibration = None
+    if record is not None and not args.uncalibrated:
+        calibration = calibration_from_record(posterior, record, f"{folder}/{CALIBRATION_FILE}")
+        if args.num_samples is not None and calibration.num_samples != args.num_samples:
+            raise UsageError(
+                f"--num-samples {args.num_samples}: the run's calibration was fitted with "
+                f"{calibration.num_samples or 'all stored'} draws and holds only for those; leave --num-samples out, "
+                "or pass --uncalibrated"
+            )
+    num_samples = args.num_samples if calibration is None else calibration.num_samples
+    mode = "mc" if calibration is None else calibration.mode
+    prediction = posterior.predict(X, seed=args.seed, num_samples=num_samples, mode=mode)
+    sets = None
+    if calibration is not None and calibration.temperature is not None:
+        prediction = scale_temperature(prediction, calibration.temperature)
+    if isinstance(calibration, Conformal):
+        sets = calibration._sets_from(prediction, args.seed)
+    columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration)
     header = list(columns)
     rows = zip(*(columns[name] for name in header))
     import csv
@@ -980,16 +1049,71 @@ def _predict(args) -> int:
     report = sys.stdout if args.out else sys.stderr
     print(_safe(f"predicted {described} with {folder} ({posterior.method})"
                 + (f"; written to {args.out}" if args.out else "")), file=report)
+    if calibration is not None:
+        print(_safe(f"  calibrated as ppl calibrate saved it (--uncalibrated ignores it): {calibration}"), file=report)
+    elif record is not None:
+        print("  --uncalibrated: the run's saved calibration is not applied", file=report)
     for line in summary:
         print(_safe(line), file=report)
     return 0
 
 
-def _prediction_columns(prediction, y, prep: dict, level: float) -> tuple[dict, list[str]]:
-    """CSV columns of a prediction in the data's own units (and a summary when targets are known)."""
+def _calibrate(args) -> int:
+    """Fit a temperature and/or conformal sets to a saved run on held-out rows and save them into it."""
+    import numpy as np
+
+    import ppl
+    from ppl import _io
+    from ppl._calibrate import CALIBRATION_FILE, _supervised_task, calibration_record
+
+    folder = _run_folder(Path(args.run))
+    posterior, prep, _ = _supervised_run(folder, "calibrate")
+    regression = _supervised_task(posterior, "ppl calibrate") == "regression"
+    temperature = not args.no_temperature and not regression
+    if args.alpha is None and not temperature:
+        raise UsageError(
+            "nothing to calibrate: " + ("a regression run has no temperature to fit; " if regression else "")
+            + "give --alpha (e.g. --alpha 0.1) for split-conformal " + ("intervals" if regression else "sets")
+        )
+    if args.score is not None and args.alpha is None:
+        raise UsageError(f"--score {args.score} chooses the conformal score; give --alpha as well")
+    X, y, described = _raw_rows(args.data, posterior, prep, "calibrate")
+    if y is None:
+        raise UsageError(f"--data {args.data}: has no target column {prep['target']!r}; calibrating needs the labels")
+    y = y if not regression else (y - prep["target_mean"]) / prep["target_std"]
+    y = y.astype(np.int64) if not regression else y
+    lines = [f"calibrating {folder} ({posterior.method}) on {described}"]
+    if temperature and args.alpha is not None:
+        # The conformal threshold needs points the temperature was not fitted on: split the rows in two.
+        order = np.random.default_rng(args.seed).permutation(len(X))
+        half = len(X) // 2
+        first, second = order[:half], order[half:]
+        lines.append(f"  the rows are split in two at random (seed {args.seed}): {len(first)} fit the temperature, "
+                     f"{len(second)} the conformal threshold")
+    else:
+        first = second = np.arange(len(X))
+    result = None
+    if temperature:
+        result = ppl.calibrate(posterior, (X[first], y[first]), seed=args.seed, num_samples=args.num_samples)
+        lines.append(str(result))
+    if args.alpha is not None:
+        base = result if result is not None else posterior
+        options = {} if result is not None else {"num_samples": args.num_samples}
+        result = ppl.conformal(base, (X[second], y[second]), alpha=args.alpha, seed=args.seed, score=args.score, **options)
+        lines.append(str(result))
+    _io.add_run_file(folder, CALIBRATION_FILE, calibration_record(result))
+    lines.append(f"saved to {folder / CALIBRATION_FILE}; ppl predict {folder} now applies it, and ppl show prints it")
+    _print_lines([_safe(line) for line in lines])
+    return 0
+
+
+def _prediction_columns(prediction, y, prep: dict, level: float, sets=None, conformal=None) -> tuple[dict, list[str]]:
+    """CSV columns of a prediction in the data's own units (and a summary when targets are known);
+    ``sets`` are a :class:`Conformal`'s sets or intervals for the same rows, ``conformal`` that object."""
     import numpy as np
 
     columns, summary = {}, []
+    target = None if conformal is None else f"{1 - conformal.alpha:.3g}"
     if prediction.task == "regression":
         scale, shift = prep["target_std"], prep["target_mean"]
         lower, upper = prediction.interval(level)
@@ -1004,6 +1128,14 @@ def _prediction_columns(prediction, y, prep: dict, level: float) -> tuple[dict, 
             columns[f"upper_{percent}{suffix}"] = (pick(upper) * scale + shift).tolist()
             columns[f"epistemic_sd{suffix}"] = (np.sqrt(pick(prediction.epistemic_variance)) * scale).tolist()
             columns[f"aleatoric_sd{suffix}"] = (np.sqrt(pick(prediction.aleatoric_variance)) * scale).tolist()
+            if sets is not None:
+                columns[f"conformal_lower{suffix}"] = (pick(sets[0]) * scale + shift).tolist()
+                columns[f"conformal_upper{suffix}"] = (pick(sets[1]) * scale + shift).tolist()
+        if y is not None and sets is not None:
+            inside = (y >= sets[0] * scale + shift) & (y <= sets[1] * scale + shift)
+            inside = inside.all(axis=1) if inside.ndim == 2 else inside
+            summary.append(f"  conformal intervals (target coverage {target}): coverage {inside.mean():.3f}, mean width "
+                           f"{np.mean((sets[1] - sets[0]) * scale):.4g}")
         if y is not None:
             log_density = prediction.log_prob((y - shift) / scale) - (outputs or 1) * np.log(scale)
             columns["log_predictive"] = log_density.tolist()
@@ -1022,6 +1154,12 @@ def _prediction_columns(prediction, y, prep: dict, level: float) -> tuple[dict, 
     if prediction.aleatoric is not None:
         columns["aleatoric"] = prediction.aleatoric.tolist()
         columns["epistemic"] = prediction.epistemic.tolist()
+    if sets is not None:
+        columns["conformal_set"] = ["|".join(label for label, inside in zip(labels, row) if inside) for row in sets]
+        if y is not None:
+            covered = sets[np.arange(len(y)), y.astype(int)]
+            summary.append(f"  conformal sets (target coverage {target}): coverage {covered.mean():.3f}, mean size "
+                           f"{sets.sum(axis=1).mean():.3g}, empty {np.mean(sets.sum(axis=1) == 0):.3f}")
     if y is not None:
         log_density = prediction.log_prob(y)
         columns["log_predictive"] = log_density.tolist()
@@ -1060,7 +1198,8 @@ def _methods(args) -> int:
 
 def main(argv=None) -> int:
     args = _parser().parse_args(argv)
-    handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "datasets": _datasets, "methods": _methods}
+    handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "calibrate": _calibrate,
+                "datasets": _datasets, "methods": _methods}
     try:
         return handlers[args.command](args)
     except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:

@@ -307,3 +307,97 @@ def test_targets_are_required(blobs):
     post, (X, _), _ = blobs
     with pytest.raises(ppl.DataError, match="validation data has no targets"):
         ppl.calibrate(post, (X, None), seed=0)
+
+
+# -- saving, loading and the command line -----------------------------------------------------------
+def test_a_saved_calibration_and_conformal_reload_and_predict_the_same(blobs, tmp_path):
+    post, (X, y), test = blobs
+    half = X.shape[0] // 2
+    cal = ppl.calibrate(post, (X[:half], y[:half]), seed=1)
+    cal.save(tmp_path / "cal")
+    again = ppl.load_calibration(tmp_path / "cal")
+    assert isinstance(again, ppl.Calibration) and again.temperature == cal.temperature
+    assert again.validation_nll == cal.validation_nll and again.notes == cal.notes
+    np.testing.assert_array_equal(again.predict(test[0][:200], seed=2).probs, cal.predict(test[0][:200], seed=2).probs)
+    conf = ppl.conformal(cal, (X[half:], y[half:]), alpha=ALPHA, seed=1)
+    conf.save(tmp_path / "conf")
+    loaded = ppl.load_calibration(tmp_path / "conf")
+    assert isinstance(loaded, ppl.Conformal) and (loaded.threshold, loaded.temperature) == (conf.threshold, conf.temperature)
+    assert loaded.coverage(test, seed=2) == conf.coverage(test, seed=2)
+    # the folder is an ordinary run too; saving the posterior again drops the calibration with it
+    assert ppl.load(tmp_path / "conf").method == "map"
+    post.save(tmp_path / "conf")
+    with pytest.raises(ppl.RunError, match="holds no calibration.*ppl calibrate"):
+        ppl.load_calibration(tmp_path / "conf")
+
+
+@pytest.mark.parametrize("field, value", [("threshold", float("inf")), ("alpha", 1.5), ("score", "residual"),
+                                          ("task", "regression"), ("kind", "platt"), ("extra", 1)])
+def test_an_edited_calibration_is_refused_naming_the_field(blobs, tmp_path, field, value):
+    from ppl._calibrate import CALIBRATION_FILE, calibration_record
+    from ppl._io import add_run_file
+
+    post, cal, _ = blobs
+    conf = ppl.conformal(post, cal, alpha=ALPHA, seed=1)
+    conf.save(tmp_path / "run")
+    record = calibration_record(conf)
+    record[field] = value
+    # written through the run's own writer, so the checksum matches and the field check is what refuses it
+    add_run_file(tmp_path / "run", CALIBRATION_FILE, record)
+    with pytest.raises(ppl.RunError, match=rf"calibration.json: .*'?{field if field != 'extra' else 'unexpected'}"):
+        ppl.load_calibration(tmp_path / "run")
+
+
+def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, monkeypatch, capsys):
+    from ppl.cli import main
+
+    rng = np.random.default_rng(3)
+
+    def rows(n):
+        X = rng.normal(size=(n, 2)) * [10.0, 1.0] + [50.0, -3.0]
+        label = np.where(0.3 * (X[:, 0] - 50.0) + (X[:, 1] + 3.0) + rng.normal(0, 1.5, n) > 0, "yes", "no")
+        return "x1,x2,answer\n" + "\n".join(f"{a:.4f},{b:.4f},{c}" for (a, b), c in zip(X, label))
+
+    for name, n in (("train", 300), ("cal", 400), ("new", 300)):
+        (tmp_path / f"{name}.csv").write_text(rows(n))
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "logistic", "--data", "train.csv", "--target", "answer", "--method", "map",
+                 "--out", "run", "--no-progress"]) == 0
+    before = {p.name for p in (tmp_path / "run").iterdir()}
+    capsys.readouterr()
+    assert main(["calibrate", "run", "--data", "cal.csv", "--alpha", "0.2", "--seed", "4"]) == 0
+    said = capsys.readouterr().out
+    assert "200 fit the temperature, 200 the conformal threshold" in said and "saved to run/calibration.json" in said
+    # the run keeps every file the fit wrote (the invocation and the summary of test metrics)
+    assert {p.name for p in (tmp_path / "run").iterdir()} == before | {"calibration.json"}
+    # what the command saved is what the API computes from the same rows and seed
+    post = ppl.load(tmp_path / "run")
+    data = ppl.datasets.load_file(tmp_path / "train.csv", target="answer", seed=0)
+    cal_rows = ppl.datasets.read_rows(tmp_path / "cal.csv", num_features=2, features=["x1", "x2"], target="answer",
+                                      classes=["no", "yes"])
+    Xc, yc = (cal_rows[0] - data.input_mean) / data.input_std, cal_rows[1].astype(int)
+    order = np.random.default_rng(4).permutation(400)
+    cal = ppl.calibrate(post, (Xc[order[:200]], yc[order[:200]]), seed=4)
+    conf = ppl.conformal(cal, (Xc[order[200:]], yc[order[200:]]), alpha=0.2, seed=4)
+    saved = ppl.load_calibration(tmp_path / "run")
+    assert saved.temperature == pytest.approx(conf.temperature, rel=1e-5)
+    assert saved.threshold == pytest.approx(conf.threshold, rel=1e-5)
+    assert main(["predict", "run", "--data", "new.csv", "--out", "p.csv"]) == 0
+    said = capsys.readouterr().out
+    assert "calibrated as ppl calibrate saved it" in said and "conformal sets (target coverage 0.8): coverage" in said
+    header, *lines = (tmp_path / "p.csv").read_text().splitlines()
+    assert "conformal_set" in header.split(",")
+    sets = [line.split(",")[header.split(",").index("conformal_set")] for line in lines]
+    assert set(sets) <= {"", "no", "yes", "no|yes"} and len(lines) == 300
+    assert main(["predict", "run", "--data", "new.csv", "--out", "raw.csv", "--uncalibrated"]) == 0
+    assert "conformal_set" not in (tmp_path / "raw.csv").read_text().splitlines()[0]
+    assert main(["show", "run"]) == 0
+    assert "calibration (ppl calibrate; ppl predict applies it): Split conformal prediction sets" in capsys.readouterr().out
+    # what cannot be calibrated says why and what to do instead
+    capsys.readouterr()
+    assert main(["calibrate", "run", "--data", "breast_cancer"]) == 2
+    assert "must stay unseen" in capsys.readouterr().err
+    assert main(["calibrate", "run", "--data", "new.csv", "--no-temperature"]) == 2
+    assert "give --alpha" in capsys.readouterr().err
+    assert main(["predict", "run", "--data", "new.csv", "--num-samples", "5"]) == 2
+    assert "--uncalibrated" in capsys.readouterr().err

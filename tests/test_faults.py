@@ -406,7 +406,12 @@ def test_resume_against_other_data_or_options_is_refused_naming_the_difference(t
 
 SIGINT_SCRIPT = textwrap.dedent(
     """
+    import signal
     import sys
+    # Ctrl-C's default disposition, as in a terminal: a shell's background job (nohup cmd &) ignores
+    # SIGINT and passes that on, and ppl then rightly leaves an ignored SIGINT alone. Set here rather
+    # than by Popen's preexec_fn, which forks a multithreaded JAX process.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     from ppl.cli import main
     sys.exit(main(["fit", "--model", "bnn", "--data", "digits", "--method", "nuts", "--set", "num_samples=20000",
                    "--set", "num_warmup=50", "--set", "num_chains=1", "--set", "hidden=16", "--out", sys.argv[1],
@@ -420,11 +425,7 @@ def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
     out = tmp_path / "run"
     script = tmp_path / "fit.py"
     script.write_text(SIGINT_SCRIPT)
-    # The child gets Ctrl-C's default disposition, as in a terminal. A shell's background job (nohup
-    # cmd &) ignores SIGINT and passes that on; ppl then rightly leaves SIGINT alone, and this test
-    # would wait on a run that can't be stopped that way (it did, in a CI run started like that).
-    child = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, cwd=tmp_path,
-                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    child = subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         # Wait for a checkpoint that holds draws: the one long chain is then sampling.
         deadline = time.perf_counter() + 900  # generous: CI runs this beside a second pytest worker
