@@ -18,7 +18,7 @@ def _load(name):
     return module
 
 
-@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
+@pytest.mark.extended  # about 2 minutes; beyond CI's 90 minutes with the rest: pytest -m extended (README)
 def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_path):
     example = _load("logistic_2d")
     runs = example.main(["--out", str(tmp_path)])

@@ -115,7 +115,7 @@ def test_broken_inputs_never_give_a_quiet_wrong_answer(method, data, linear_data
     _property(method, data, linear_data)
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # beyond CI's 90 minutes with the rest: pytest -m extended (README)
 @pytest.mark.parametrize("method", sorted(registry.METHODS))
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())

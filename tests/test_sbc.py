@@ -221,7 +221,7 @@ def test_nuts_is_calibrated_on_a_hierarchical_model():
     assert result.passed(ALPHA), f"chi2 p-values {result.pvalues} (threshold {ALPHA / result.num_params:.3g})"
 
 
-@pytest.mark.slow
+@pytest.mark.extended  # beyond CI's 90 minutes with the rest: pytest -m extended (README)
 def test_mean_field_on_a_funnel_fails_ranks_and_vsbc():
     """Negative control: a mean-field Gaussian on the centred hierarchy's funnel.
 

@@ -83,7 +83,7 @@ def _small_vae(digits, seed=0, **options):
     return ppl.fit(model, digits.train.X, method="svi", seed=seed, **options)
 
 
-@pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
+@pytest.mark.extended  # about 2 minutes; beyond CI's 90 minutes with the rest: pytest -m extended (README)
 def test_beta_trades_rate_for_distortion(digits):
     from ppl.diagnostics import vae_report
 
