@@ -1008,7 +1008,7 @@ def _raw_rows(data: str, posterior, prep: dict, command: str):
 
 def _predict(args) -> int:
     """Predict raw rows with a saved run: prepare them as its training rows were, report in raw units."""
-    from ppl._calibrate import CALIBRATION_FILE, Conformal, calibration_from_record, scale_temperature
+    from ppl._calibrate import CALIBRATION_FILE, Conformal, calibration_from_record
 
     folder = _run_folder(Path(args.run))
     posterior, prep, record = _supervised_run(folder, "predict", CALIBRATION_FILE)
@@ -1024,14 +1024,15 @@ def _predict(args) -> int:
                 f"{calibration.num_samples or 'all stored'} draws and holds only for those; leave --num-samples out, "
                 "or pass --uncalibrated"
             )
-    num_samples = args.num_samples if calibration is None else calibration.num_samples
-    mode = "mc" if calibration is None else calibration.mode
-    prediction = posterior.predict(X, seed=args.seed, num_samples=num_samples, mode=mode)
     sets = None
-    if calibration is not None and calibration.temperature is not None:
-        prediction = scale_temperature(prediction, calibration.temperature)
-    if isinstance(calibration, Conformal):
+    if calibration is None:
+        prediction = posterior.predict(X, seed=args.seed, num_samples=args.num_samples)
+    elif isinstance(calibration, Conformal):
+        # one prediction serves both the probabilities and the sets
+        prediction = calibration._predict(X, args.seed)
         sets = calibration._sets_from(prediction, args.seed)
+    else:
+        prediction = calibration.predict(X, seed=args.seed)
     columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration)
     header = list(columns)
     rows = zip(*(columns[name] for name in header))
