@@ -278,8 +278,9 @@ DESCENT_TRIALS = 40  # step lengths along −∇f tried by the descent test, eac
 
 @partial(jax.jit, static_argnames=("objective",))
 def _descends(objective, problem, params, key):
-    """Whether some step along −∇f lowers the full-batch objective by Armijo's sufficient decrease,
-    f(x − t g) ≤ f(x) − 1e-4 t |g|², for t = t₀ 2^−k, k < ``DESCENT_TRIALS``, t₀ = 0.1 max(|x|, 1)/|g|.
+    """Whether some step along −∇f lowers the full-batch objective by Armijo's sufficient decrease
+    and by a gain worth taking, f(x − t g) ≤ f(x) − max(1e-4 t |g|², √eps max(|f(x)|, 1)), for
+    t = t₀ 2^−k, k < ``DESCENT_TRIALS``, t₀ = 0.1 max(|x|, 1)/|g|.
 
     A smooth objective with a gradient that does not vanish always descends for small enough t. A
     piecewise-linear one (a ReLU network's loss) can sit at a kink where the gradient of one piece
@@ -296,7 +297,12 @@ def _descends(objective, problem, params, key):
     first = 0.1 * jnp.maximum(jnp.linalg.norm(flat_x), 1.0) / jnp.sqrt(jnp.maximum(norm2, jnp.finfo(flat_x.dtype).tiny))
     steps = first * 0.5 ** jnp.arange(DESCENT_TRIALS, dtype=flat_x.dtype)
     trial = jax.lax.map(lambda t: f(unravel(flat_x - t * flat_g)), steps)
-    return jnp.any(trial <= value - 1e-4 * steps * norm2)
+    # A descent must also be worth taking: at least √eps of f's scale. Where f is large, a tiny
+    # step leaves it unchanged in floating point (the Armijo margin then rounds away against f), or
+    # moves it by rounding noise of either sign; and a kink may sit a hair from where the
+    # optimiser stopped (at data stored in float32, say), a gain of 1e-12 of the loss.
+    least = jnp.sqrt(jnp.finfo(value.dtype).eps) * jnp.maximum(jnp.abs(value), 1.0)
+    return jnp.any(trial <= value - jnp.maximum(1e-4 * steps * norm2, least))
 
 
 def gradient_evidence(objective, problem, params, key, start_norm: float) -> dict:
