@@ -82,6 +82,7 @@ def test_second_same_shaped_fit_does_not_recompile(method, linear_model, linear_
     assert trace_count() == before, "a same-shaped dataset retraced the log density"
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_lands_on_the_conjugate_posterior(method, linear_model, linear_data, linear_truth):
     _lands(_fit(method, linear_model, linear_data.train, 0), linear_truth)
 

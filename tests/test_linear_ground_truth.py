@@ -91,6 +91,7 @@ def test_svi_mean_field_cold_optimum_scales_with_temperature(linear_data, linear
     assert np.all(np.abs(np.asarray(post.approximation.mean) - linear_truth["mean"]) <= 0.1 * np.sqrt(optimum_var))
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_likelihood_tempering_matches_its_closed_form_under_nuts_and_full_rank_svi(linear_data, linear_model):
     X, y = linear_data.train
     truth = closed_form(np.asarray(X), np.asarray(y), temperature=3.0, tempering="likelihood")

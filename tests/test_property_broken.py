@@ -108,6 +108,7 @@ def _property(method, data, linear_data):
     _check_outcome(method, options, X, y)
 
 
+@pytest.mark.slow  # 14 methods × 3 generated inputs: out of the default run (15 minutes); CI runs it in the slow step
 @pytest.mark.parametrize("method", sorted(registry.METHODS))
 @settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(data=st.data())

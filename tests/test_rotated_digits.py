@@ -59,6 +59,7 @@ def test_shifted_test_sets(data):
         np.testing.assert_array_equal(split.y, data.test.y)
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_map_bnn_accuracy_falls_with_rotation(data):
     from ppl.diagnostics import shift_metrics
     from ppl.models import BNN

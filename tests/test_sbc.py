@@ -82,6 +82,7 @@ def svi_result():
     return sbc(gaussian_groups, num_simulations=20, seed=3, **FAST_SVI)
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_density_method_result_layout(svi_result):
     result = svi_result
     assert result.method == "svi" and result.num_simulations == 20 and result.num_ranks == 19
@@ -124,6 +125,7 @@ def test_plot_writes_a_png(svi_result, tmp_path):
         svi_result.plot(tmp_path / "other.png", params=["sigma"])
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_sampler_thins_and_records_ess():
     options = dict(num_chains=2, num_warmup=60, num_samples=30)
     result = sbc(hierarchical_noncentred, "nuts", 10, 0, data={"sigma": SIGMA}, num_ranks=59, num_bins=2, **options)

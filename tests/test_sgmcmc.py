@@ -20,6 +20,7 @@ def fits(linear_model, linear_data):
     return {m: ppl.fit(linear_model, linear_data.train, method=m, seed=0) for m in ("sgld", "sghmc", "cyclical_sgld")}
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 @pytest.mark.parametrize("method", ["sgld", "sghmc", "cyclical_sgld"])
 def test_defaults_land_on_the_conjugate_posterior(method, fits, linear_truth):
     # measured (max mean error / sd, sd ratios): sgld 0.022 / 1.02-1.04; sghmc 0.037 / 1.12-1.15;

@@ -33,6 +33,7 @@ def _log_weights(post, num: int, seed: int) -> np.ndarray:
     return np.asarray(_over_draws(post.problem, draws, "logdensity_fn") - post.approximation.log_prob(draws))
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_elbo_below_iwae_below_log_evidence_and_increasing_in_k(mean_field, linear_truth):
     log_w = _log_weights(mean_field, 200 * 100, seed=1)
     estimates = {}

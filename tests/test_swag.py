@@ -34,6 +34,7 @@ def test_the_collector_keeps_swag_moments_exactly():
         np.testing.assert_allclose(state.deviations[i % 4], taken[i] - taken[: i + 1].mean(axis=0), atol=1e-13)
 
 
+@pytest.mark.slow  # a statistical check: out of the default run (15 minutes); CI runs it in the slow step
 def test_swag_mean_lands_on_the_conjugate_posterior(swag_linear, linear_truth):
     q = swag_linear.approximation
     sd = np.sqrt(np.diag(linear_truth["cov"]))
