@@ -401,3 +401,38 @@ def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, 
     assert "give --alpha" in capsys.readouterr().err
     assert main(["predict", "run", "--data", "new.csv", "--num-samples", "5"]) == 2
     assert "--uncalibrated" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("where", ["fitting", "saving"])
+def test_cli_calibrate_stopped_by_ctrl_c_leaves_the_run_as_it_was(tmp_path, monkeypatch, capsys, where):
+    # Ctrl-C while the conformal threshold is fitted, or while the run is staged with its new
+    # file: exit 130, and the run folder holds the same bytes as before (no calibration.json, no
+    # staging folder left beside it).
+    from ppl import _io
+    from ppl.cli import main
+
+    rng = np.random.default_rng(5)
+    for name, n in (("train", 200), ("cal", 200)):
+        X = rng.normal(size=(n, 2))
+        y = (X[:, 0] + rng.normal(0, 1.0, n) > 0).astype(int)
+        (tmp_path / f"{name}.csv").write_text("a,b,y\n" + "\n".join(f"{p:.4f},{q:.4f},{c}" for (p, q), c in zip(X, y)))
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "logistic", "--data", "train.csv", "--target", "y", "--method", "map",
+                 "--out", "run", "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()}
+    capsys.readouterr()
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if where == "fitting":
+        monkeypatch.setattr(ppl, "conformal", interrupted)
+    else:
+        real_dump = _io._dump
+        monkeypatch.setattr(_io, "_dump", lambda obj: interrupted() if "format" not in obj else real_dump(obj))
+    assert main(["calibrate", "run", "--data", "cal.csv", "--alpha", "0.2"]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".run.new-")) == []
+    monkeypatch.undo()
+    assert ppl.load(tmp_path / "run").method == "map"
