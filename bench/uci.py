@@ -14,7 +14,7 @@ reported that their optimisation did not settle (for ``nuts``: whose diagnostics
 The data folder is ``--root``, else ``$PPL_DATA_DIR``, else the ``shared/data/uci`` folder beside
 the repository. Each fit is appended to ``--results`` (JSON lines) as it ends; a rerun skips the
 fits already there, so an interrupted benchmark continues where it stopped. ``nuts`` may be
-added to ``--methods`` (1000 warmup and 1000 draws, 4 chains at its defaults: minutes per split).
+added to ``--methods`` (500 warmup and 1000 draws, 4 chains at its defaults: minutes per split).
 """
 
 from __future__ import annotations
