@@ -569,7 +569,8 @@ def minimize(
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
                      gradient: tuple | None = None, stochastic: bool = True, descends: bool | None = None,
-                     stationary: tuple | None = None) -> tuple[RunStatus, TrainingTrace]:
+                     stationary: tuple | None = None, previous: np.ndarray | None = None
+                     ) -> tuple[RunStatus, TrainingTrace]:
     """Judge whether an optimisation run settled, from its loss curve and its final state.
 
     Three tests, each recorded (a run is converged only when none fails):
@@ -580,7 +581,12 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
       have a slope more than three standard errors below zero while falling, over that window, by
       more than the losses' step-to-step noise (stochastic losses) or ``CONVERGENCE_RTOL`` of the
       loss's scale (either, for stochastic losses; the scale alone for deterministic ones) —
-      so minibatch and Monte Carlo losses are judged on their trend, not their jitter;
+      so minibatch and Monte Carlo losses are judged on their trend, not their jitter. With
+      ``previous`` (the losses of the round before, see :func:`round_convergence`), a fall within
+      the window counts only if the window's mean is also below the same window of the previous
+      round by more than three standard errors of the difference: a learning-rate schedule that
+      restarts each round lowers the loss within every round as its steps shrink (less gradient
+      noise, not progress), and a round that ends no lower than the one before bought nothing;
     * for a deterministic objective (``stochastic=False``: exact full-batch losses), the final loss
       is not above the best one seen (an optimiser thrown off by overflow or a failed line search
       ends far above it), and, when ``gradient`` = (‖∇f(x_0)‖, ‖∇f(x_T)‖) of the full-batch objective
@@ -611,9 +617,11 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
         se = float(np.sqrt(np.sum(residual**2) / (window - 2) / np.sum(t * t)))
         # Successive losses of an optimiser are correlated; inflate the standard error by the
         # residuals' lag-1 autocorrelation (an AR(1) variance factor) so jitter is not read as trend.
+        inflation = 1.0
         if window > 3 and np.var(residual) > 0:
             rho = float(np.clip(np.corrcoef(residual[:-1], residual[1:])[0, 1], 0.0, 0.99))
-            se *= math.sqrt((1 + rho) / (1 - rho))
+            inflation = math.sqrt((1 + rho) / (1 - rho))
+            se *= inflation
         slope, se = slope * unit, se * unit
         noise = float(np.std(residual)) * unit
         scale = max(1.0, abs(float(tail.mean())))
@@ -623,10 +631,18 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
         # is judged against its scale.
         allowed = min(CONVERGENCE_RTOL * scale, noise) if stochastic else CONVERGENCE_RTOL * scale
         result.update(loss_slope=slope, loss_slope_se=se, loss_noise=noise, final_loss=float(tail.mean()))
-        if slope < -3.0 * se and drop > allowed:
+        falling, gain = slope < -3.0 * se and drop > allowed, None
+        if falling and previous is not None and len(previous) >= window:
+            before = np.asarray(previous[-window:], dtype=float)
+            # Standard errors of the two windows' means, each inflated for autocorrelation as above.
+            spread = math.sqrt((noise**2 + float(np.var(before - before.mean()))) / window) * inflation
+            gain = float(before.mean() - tail.mean())
+            falling = gain > 3.0 * spread
+        if falling:
             reasons.append(
                 f"the loss still fell by {drop:.3g} over the last {window} steps ({drop / scale:.2%} of its scale, "
                 f"{drop / noise if noise > 0 else float('inf'):.1f} × its step-to-step noise)"
+                + ("" if gain is None else f", and ended {gain:.3g} below the same steps of the round before")
             )
     else:
         reasons.append(f"only {len(losses)} steps: too few to judge whether the loss settled")
@@ -671,7 +687,8 @@ def round_convergence(losses, steps: int, budget: int, **evidence) -> tuple[RunS
     interrupted unless it reached the budget or ended a round that settled."""
     losses = np.asarray(losses)
     done = losses.shape[-1]
-    status, trace = loss_convergence(losses[-steps:], None, **evidence)
+    previous = losses[-2 * steps:-steps] if done >= 2 * steps and done % steps == 0 else None
+    status, trace = loss_convergence(losses[-steps:], None, previous=previous, **evidence)
     finished = done >= budget or (done % steps == 0 and status.converged)
     if done >= budget > steps and not status.converged:
         status = status._replace(

@@ -99,3 +99,26 @@ def test_svi_goes_on_in_rounds_and_keeps_its_schedule_per_round(linear_model, li
     assert exact.status.steps_done == 200 and not exact.status.converged
     assert longer.status.steps_done > 200 and longer.status.steps_done % 200 == 0 and longer.status.converged
     np.testing.assert_array_equal(longer.trace.losses[:200], exact.trace.losses)
+
+
+def test_a_round_that_ends_no_lower_than_the_one_before_has_settled():
+    # Each round of a restarted schedule lowers a noisy loss as its steps shrink (here: noise that
+    # decays within the round around a level 10 above the floor, ending near the floor). Judged
+    # alone, every round's last window still falls; judged against the round before, a round that
+    # ends at the same level bought nothing. A loss whose rounds keep ending lower is not settled.
+    from ppl.inference.optimize import round_convergence
+
+    rng = np.random.default_rng(0)
+    steps = 1000
+    within = np.linspace(10.0, 0.0, steps)  # the schedule's excess loss, falling within each round
+
+    def run(levels):
+        return np.concatenate([40.0 + level + within + rng.normal(0.0, 1.0, steps) for level in levels])
+
+    flat = run([0.0, 0.0, 0.0])
+    alone, _ = round_convergence(flat[-steps:], steps, 10 * steps, stochastic=True)
+    assert not alone.converged and "still fell" in alone.convergence  # one round, nothing to compare with
+    settled, _ = round_convergence(flat, steps, 10 * steps, stochastic=True)
+    assert settled.converged, settled.convergence
+    improving, _ = round_convergence(run([4.0, 2.0, 0.0]), steps, 10 * steps, stochastic=True)
+    assert not improving.converged and "below the same steps of the round before" in improving.convergence
