@@ -51,7 +51,7 @@ from ppl.inference._base import (
 )
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
-from ppl.inference.optimize import INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient
+from ppl.inference.optimize import INITS, MAP, NegativeLogDensity, NegativeLogJoint, _descends, _full_gradient
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
 
@@ -440,18 +440,27 @@ _JOINT = NegativeLogJoint()
 
 def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
     """(status, None, info): a mode judged by its full-batch gradient norm against the norm at a
-    reference start (no loss curve: the trace slot is None); ``info`` holds the norm."""
+    reference start (no loss curve: the trace slot is None); ``info`` holds the norm.
+
+    As for ``map``, a gradient that stays large is a kink, not a failure, when no step along it
+    lowers the objective by a gain worth taking (:func:`ppl.inference.optimize._descends`): a ReLU
+    network's MAP sits at such kinks, and its GGN there is the curvature the approximation uses."""
     objective = NegativeLogDensity() if density else _JOINT
     reference = problem.init_position(key, "prior") if start is None else start
     start_norm = float(_full_gradient(objective, problem, reference, key)[1])
     norm = float(_full_gradient(objective, problem, u, key)[1])
-    if not (np.isfinite(norm) and norm <= MAP_TOL * max(start_norm, 1.0)):
-        status = RunStatus(converged=False, convergence=(
-            f"the mode from {how} is not stationary: gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}), so "
-            "the Laplace approximation sits at a non-stationary point"
+    if np.isfinite(norm) and norm <= MAP_TOL * max(start_norm, 1.0):
+        status = RunStatus(converged=True, convergence="settled")
+    elif np.isfinite(norm) and not bool(_descends(objective, problem, u, key)):
+        status = RunStatus(converged=True, convergence=(
+            f"settled at a kink: the gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}) does not vanish but "
+            "no step along it lowers the loss (a local minimum of a piecewise-linear loss, as a ReLU network's)"
         ))
     else:
-        status = RunStatus(converged=True, convergence="settled")
+        status = RunStatus(converged=False, convergence=(
+            f"the mode from {how} is not stationary: gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}) and "
+            "a step along it still lowers the loss, so the Laplace approximation sits at a non-stationary point"
+        ))
     return status, None, {"map_gradient_norm": norm}
 
 

@@ -579,3 +579,23 @@ def test_laplace_init_must_be_a_map_posterior_of_this_model(linear_model, linear
     other = ppl.fit(LinearRegression(bias=False), linear_data.train, method="map", seed=0)
     with pytest.raises(OptionError, match="init must be a map Posterior of this model"):
         ppl.fit(linear_model, linear_data.train, method="laplace", seed=0, init=other)
+
+
+def test_a_mode_at_a_kink_is_stationary_for_laplace_as_for_map():
+    # A Laplace likelihood's MAP sits at the data's median, a kink where the gradient stays near 1
+    # but no step along it lowers the loss. map calls that settled; laplace, given that MAP, must
+    # agree (it once called every ReLU ensemble member on UCI yacht "not stationary").
+    import numpyro
+    import numpyro.distributions as dist
+
+    def program(y):
+        mu = numpyro.sample("mu", dist.Normal(0.0, 10.0))
+        with numpyro.plate("n", y.shape[0]):
+            numpyro.sample("y", dist.Laplace(mu, 1.0), obs=y)
+
+    data = {"y": np.array([0.3, 1.7, 2.2, 5.0, 9.0])}
+    mode = ppl.fit(program, data, method="map", seed=0)
+    assert mode.status.converged and "kink" in mode.status.convergence
+    post = ppl.fit(program, data, method="laplace", seed=0, init=mode, num_draws=100)
+    assert post.status.converged and "kink" in post.status.convergence
+    assert post.info["map_gradient_norm"] > 0.5
