@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl._errors import OptionError, ResumeError
+from ppl._errors import DataError, OptionError, ResumeError
 
 __all__ = ["compare", "Comparison", "ComparisonInterrupted"]
 
@@ -146,6 +146,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         train, name, dataset = data, "data", None
     if test is not None and not isinstance(test, Split):
         test = Split(*test)
+    _check_input_shapes(train, test, ood)
     chosen = _chosen_methods(model, train, methods, reference, options)
     result = Comparison(task=_task(model), data_name=name, model=_model_name(model), seed=int(seed),
                         reference=reference, test=None if test is None else (np.asarray(test.X), np.asarray(test.y)),
@@ -231,6 +232,20 @@ def _interrupted(method: str, finished: list, fits) -> ComparisonInterrupted:
              else "; pass fits=<folder> to keep fits across an interruption")
     return ComparisonInterrupted(f"interrupted while fitting {method} (finished: {', '.join(finished) or 'none'}){where}",
                                  method=method, finished=finished, fits=fits)
+
+
+def _check_input_shapes(train, test, ood) -> None:
+    """Refuse, before anything is fitted, test or OOD inputs whose shape per row differs from the
+    training inputs' (another number of features, or another image size)."""
+    if not isinstance(train, (tuple, list)) or len(train) != 2:
+        return  # a program's data dict: its inputs are whatever the program reads
+    row = np.shape(train[0])[1:]
+    for name, X in (("test", None if test is None else test.X), ("ood", ood)):
+        if X is not None and np.shape(X)[1:] != row:
+            raise DataError(
+                f"compare: the {name} inputs have shape {np.shape(X)} — {np.shape(X)[1:]} per row — but the training "
+                f"inputs have {row} per row; give {name} inputs with the training inputs' columns (or image size)"
+            )
 
 
 def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparison:

@@ -123,6 +123,12 @@ def test_unknown_method_is_refused_before_anything_is_fitted(monkeypatch):
         ppl.compare(LinearRegression(), data, methods=["map"], reference=None, seed=0, options={"map": {"steps_": 3}})
     with pytest.raises(ppl.OptionError, match="options are given for svi"):
         ppl.compare(LinearRegression(), data, methods=["map"], reference=None, seed=0, options={"svi": {}})
+    # OOD or test inputs with another number of features than the training inputs
+    X, y = data.train
+    with pytest.raises(ppl.DataError, match=r"the ood inputs have shape \(7, 5\).*training inputs have \(%d,\)" % X.shape[1]):
+        ppl.compare(LinearRegression(), (X, y), test=data.test, ood=np.zeros((7, 5)), methods=["map"], seed=0)
+    with pytest.raises(ppl.DataError, match="the test inputs have shape"):
+        ppl.compare(LinearRegression(), (X, y), test=(data.test.X[:, :1], data.test.y), methods=["map"], seed=0)
 
 
 @pytest.fixture(scope="module")
