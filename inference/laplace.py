@@ -51,14 +51,15 @@ from ppl.inference._base import (
 )
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
-from ppl.inference.optimize import INITS, MAP, NegativeLogDensity, NegativeLogJoint, _descends, _full_gradient
+from ppl.inference.optimize import (
+    INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient, gradient_evidence,
+)
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
 
 HESSIANS = ("auto", "full", "diag", "kfac", "lowrank")
 SUBSETS = ("auto", "all", "last_layer")
 PRIOR_STRUCTURES = ("layer", "scalar")
-MAP_TOL = 1e-3  # a MAP is stationary when its gradient norm fell below this fraction of the start's
 HYPER_STEPS = 200  # L-BFGS iterations on the hyperparameters in one marglik round
 MARGLIK_RTOL = 1e-4  # rounds stop once no hyperparameter moves by more than this (relative)
 
@@ -448,10 +449,11 @@ def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tu
     objective = NegativeLogDensity() if density else _JOINT
     reference = problem.init_position(key, "prior") if start is None else start
     start_norm = float(_full_gradient(objective, problem, reference, key)[1])
-    norm = float(_full_gradient(objective, problem, u, key)[1])
-    if np.isfinite(norm) and norm <= MAP_TOL * max(start_norm, 1.0):
+    evidence = gradient_evidence(objective, problem, u, key, start_norm)
+    norm = evidence["gradient"][1]
+    if np.isfinite(norm) and "descends" not in evidence:
         status = RunStatus(converged=True, convergence="settled")
-    elif np.isfinite(norm) and not bool(_descends(objective, problem, u, key)):
+    elif evidence.get("descends") is False:
         status = RunStatus(converged=True, convergence=(
             f"settled at a kink: the gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}) does not vanish but "
             "no step along it lowers the loss (a local minimum of a piecewise-linear loss, as a ReLU network's)"

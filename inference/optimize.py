@@ -310,7 +310,8 @@ def gradient_evidence(objective, problem, params, key, start_norm: float) -> dic
     :func:`loss_convergence` for a deterministic full-batch objective at ``params``."""
     final = float(_full_gradient(objective, problem, params, key)[1])
     judged = {"gradient": (start_norm, final)}
-    if not (math.isfinite(final) and final <= GRADIENT_RTOL * max(start_norm, 1.0)):
+    # A non-finite gradient is a failure whatever the descent test says (its trials are NaN too).
+    if math.isfinite(final) and final > GRADIENT_RTOL * max(start_norm, 1.0):
         judged["descends"] = bool(_descends(objective, problem, params, key))
     return judged
 
@@ -654,7 +655,7 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
         start_norm, final_norm = (float(g) for g in gradient)
         result["grad_norm"] = final_norm
         large = not math.isfinite(final_norm) or final_norm > GRADIENT_RTOL * max(start_norm, 1.0)
-        if large and descends is not False:
+        if large and (descends is not False or not math.isfinite(final_norm)):
             reasons.append(
                 f"the final gradient norm {final_norm:.3g} is not small against the starting {start_norm:.3g}"
                 + (" and a step along it still lowers the loss" if descends else "")

@@ -122,3 +122,15 @@ def test_a_round_that_ends_no_lower_than_the_one_before_has_settled():
     assert settled.converged, settled.convergence
     improving, _ = round_convergence(run([4.0, 2.0, 0.0]), steps, 10 * steps, stochastic=True)
     assert not improving.converged and "below the same steps of the round before" in improving.convergence
+
+
+def test_a_non_finite_final_gradient_is_never_a_kink():
+    # The descent test's trials are NaN when the gradient is; "no step descends" must not then read
+    # as a kink and pass the run.
+    from ppl.inference.optimize import loss_convergence
+
+    losses = np.full(100, 3.0)
+    status, _ = loss_convergence(losses, gradient=(10.0, float("nan")), stochastic=False, descends=False)
+    assert not status.converged and "gradient norm nan" in status.convergence
+    status, _ = loss_convergence(losses, gradient=(10.0, 5.0), stochastic=False, descends=False)
+    assert status.converged and "kink" in status.convergence
