@@ -9,8 +9,9 @@ Where training starts decides whether it ends anywhere useful. A draw from a wid
 that is then far too small (Adam moves each coordinate about ``learning_rate`` a step). The default
 ``init="map"`` therefore:
 
-1. starts L-BFGS at the coordinate-wise median of prior draws and climbs to the mode of the
-   unconstrained log density;
+1. starts L-BFGS (Adam with minibatches) where ``map`` starts for a ``ppl.models`` network, at a
+   prior draw, and for any other program at the coordinate-wise median of prior draws, and climbs
+   to the mode of the unconstrained log density;
 2. for up to ``DENSE_FRAME_MAX`` parameters on full-batch data, computes the Hessian there and
    writes the guide in that frame: u = mode + S v with S Sᵀ = H⁻¹ (the Laplace approximation;
    eigenvalues that are not clearly positive get sd ``INIT_SCALE``). The guide then starts as the
@@ -133,12 +134,18 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
         return frame_from_posterior(problem, init)
     if init != "map":
         return Frame.plain(problem.init_position(key, init)), f"started at init={init!r} with sd {INIT_SCALE}"
-    start = problem.init_position(key, "median")
+    # A network starts where map starts, at a prior draw: at the coordinate-wise median of prior
+    # draws its weights are about a third of the prior's scale, and a deep network's signal dies
+    # layer by layer (a CNN on digits stayed at the uniform predictive). Programs start at the median,
+    # which does not depend on one draw of a wide prior.
+    network = problem.is_declarative and problem.spec.kind == "supervised"
+    where = "a prior draw" if network else "the prior median"
+    start = problem.init_position(key, "prior" if network else "median")
     if batch_size is None:
         config = OptimizerConfig("lbfgs", MAP_INIT_STEPS)
     else:
         config = OptimizerConfig("adam", MAP_INIT_STEPS, "cosine", batch_size)
-    fallback = f"started at the prior median with sd {INIT_SCALE}"
+    fallback = f"started at {where} with sd {INIT_SCALE}"
     objective = NegativeLogDensity()
     try:
         result = minimize(objective, config, problem, start, key, learning_rate=learning_rate, label="svi start (map)")
@@ -149,7 +156,7 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
         return Frame.plain(start), f"the MAP start reached non-finite values; {fallback}"
     if batch_size is None:
         # A density without a mode (a funnel's log τ → −∞) sends L-BFGS off to infinity: judge the
-        # climb as map judges itself, and start from the median when it did not settle.
+        # climb as map judges itself, and start where the climb began when it did not settle.
         start_norm = float(_full_gradient(objective, problem, start, key)[1])
         judged, _ = loss_convergence(
             result.losses, None, stochastic=False, **gradient_evidence(objective, problem, mode, key, start_norm)

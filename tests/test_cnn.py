@@ -15,6 +15,7 @@ from ppl._errors import DataError, OptionError
 from ppl._problem import compile_problem
 from ppl.models import CNN, Network
 from ppl.models.cnn import ConvNet
+from ppl.models.priors import FanIn
 
 
 def _direct(params, X, net: ConvNet):
@@ -173,3 +174,16 @@ def test_kfac_laplace_on_a_cnn_and_the_structure_it_declares():
     ]
     with pytest.raises(OptionError, match="local_reparam=True samples each dense layer"):
         ppl.fit(model, (X, y), method="svi", seed=0, local_reparam=True, steps=10)
+
+
+def test_svi_on_a_cnn_starts_from_a_map_that_learned():
+    """SVI's MAP start for a network begins where map begins, at a prior draw. It used to begin at
+    the coordinate-wise median of 15 prior draws, whose weights are about a third of the prior's
+    scale: through two convolutions, pooling and two dense layers the signal died, the MAP start
+    stayed at the uniform predictive and so did the guide (test accuracy 0.09, NLL log 10 = 2.30;
+    measured 0.91 and 0.39 with the prior-draw start)."""
+    data = ppl.datasets.load("digits", images=True, seed=0)
+    model = CNN(channels=(4, 8), dense=(16,), prior=FanIn(scale=1.0))
+    post = ppl.fit(model, data.train, method="svi", seed=0, steps=500, max_steps=500, batch_size=128)
+    metrics = ppl.evaluate(post, data.test, seed=1)
+    assert metrics["accuracy"] > 0.8 and metrics["nll"] < 1.0, metrics
