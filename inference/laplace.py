@@ -230,10 +230,11 @@ class Laplace(Method):
         if problem.is_declarative:
             if hessian == "kfac" and not model.has_layers:
                 groups = ", ".join(name for name, _ in problem.parameter_groups())
+                why = getattr(model, "layer_problem", "") or "it does not declare one"
                 raise OptionError(
-                    f"{self.name}: K-FAC needs the network's layer structure, which this {type(model).__name__} does "
-                    f"not declare: it cannot handle the parameter groups {groups} — use hessian='full', 'diag' or "
-                    "'lowrank' (the generic GGN works for any network)"
+                    f"{self.name}: K-FAC needs the network's layer structure, which is unknown for this "
+                    f"{type(model).__name__} ({why}): it cannot handle the parameter groups {groups} — use "
+                    "hessian='full', 'diag' or 'lowrank' (the generic GGN works for any network)"
                 )
             layers = problem.parameter_groups()
             if self.prior_precision is not None and not model.gaussian_prior:
@@ -611,7 +612,11 @@ def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
     if hessian == "kfac":
         factors = curvature.kfac_factors(problem, u, curvature.chunk_rows(outputs, max(r * c for _, r, c in layers)))
         starts = {start for start, _, _ in _free_layers(layers, index)}
-        return [f for f, (start, _, _) in zip(factors, layers) if start in starts]
+        # in the order of the layers' coordinates in u, as the blocks of the Gaussian lie (a network
+        # may declare its layers in call order while its sites sort otherwise: Flax's Dense_0 can
+        # be the output layer)
+        ordered = sorted(zip(factors, layers), key=lambda pair: pair[1][0])
+        return [f for f, (start, _, _) in ordered if start in starts]
     return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows, sites=sites)
 
 

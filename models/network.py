@@ -304,15 +304,24 @@ class Network(SupervisedModel):
 
     @property
     def has_layers(self) -> bool:
-        return callable(getattr(self.apply_fn, "layers", None)) and callable(getattr(self.apply_fn, "forward", None))
+        fn = self.apply_fn
+        return (callable(getattr(fn, "layers", None)) and callable(getattr(fn, "forward", None))
+                and getattr(fn, "layer_problem", None) is None)
+
+    @property
+    def layer_problem(self) -> str:
+        """Why this network's layer structure is unknown ('' when it is known)."""
+        if self.has_layers:
+            return ""
+        return getattr(self.apply_fn, "layer_problem", None) or "its apply_fn does not declare layers() and forward()"
 
     def layers(self, input_dim=None) -> tuple:
         """The layers ``apply_fn`` declares (see the class docstring), as :class:`Layer` records whose
         fan-in is the weight's size over its last axis (k·k·C_in for a convolution)."""
         if not self.has_layers:
             raise OptionError(
-                f"this needs the network's layer structure (K-FAC curvature), but this Network's apply_fn does not "
-                f"declare one for its parameters ({', '.join(self.groups)}) — for laplace use hessian='full', 'diag' "
+                f"this needs the network's layer structure (K-FAC curvature), which is unknown for this Network's "
+                f"parameters ({', '.join(self.groups)}): {self.layer_problem} — for laplace use hessian='full', 'diag' "
                 "or 'lowrank' (the generic GGN works for any network), or give apply_fn layers() and forward() "
                 "(see ppl.models.Network)"
             )
@@ -468,7 +477,9 @@ class Network(SupervisedModel):
             paths, treedef = jax.tree_util.tree_flatten_with_path(params)
             # the State's leaf paths end in the Variable's `.value`; the pure dict's stop before it
             keys = tuple(tuple(_key_of(entry) for entry in path[:-1]) for path, _ in paths)
-            return cls(_NnxApply(graph, treedef, keys), template, **options)
+            net = cls(_NnxApply(graph, treedef, keys), template, **options)
+            plan, paths, problem = _nnx_layers(module, net.site_names, net.last_layer)
+            return dataclasses.replace(net, apply_fn=_NnxApply(graph, treedef, keys, plan, paths, problem or None))
         if not isinstance(module, linen.Module):
             raise OptionError(
                 f"Network.from_flax takes a flax.nnx or flax.linen Module, got {type(module).__name__}; for another "
@@ -485,7 +496,10 @@ class Network(SupervisedModel):
             )
         if "params" not in variables:
             raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
-        return cls(_FlaxApply(module), variables["params"], **options)
+        net = cls(_FlaxApply(module), variables["params"], **options)
+        example = jnp.asarray(example_input, dtype=jnp.result_type(float))
+        plan, problem = _linen_layers(module, example, net.site_names, net.last_layer)
+        return dataclasses.replace(net, apply_fn=_FlaxApply(module, plan, problem or None))
 
     @classmethod
     def from_equinox(cls, module, *, batched: bool = False, **options) -> "Network":
@@ -522,14 +536,145 @@ class Network(SupervisedModel):
         return self._observe(X, y, params)
 
 
+# -- the layers of a Flax module, for K-FAC ------------------------------------------------------------
+class _KnownLayer(NamedTuple):
+    """A Flax Dense/Linear or Conv layer K-FAC can treat: its parameters ``{prefix}.kernel`` (and
+    ``{prefix}.bias``), and for a convolution the side of its square kernel."""
+
+    prefix: str
+    kernel_size: int  # 0: a dense layer
+    bias: bool
+
+
+def _conv_problem(prefix: str, conv) -> str | None:
+    """Why a Flax convolution is not one K-FAC-expand can treat here (None: it is): a 2-D square
+    kernel at stride 1 with 'SAME' padding, no dilation, one feature group and no mask."""
+    size = tuple(np.atleast_1d(conv.kernel_size))
+    checks = [
+        (len(size) == 2 and size[0] == size[1], f"kernel {size} is not a square 2-D kernel"),
+        (all(int(v) == 1 for v in np.atleast_1d(conv.strides or 1)), f"strides {conv.strides}"),
+        (isinstance(conv.padding, str) and conv.padding.upper() == "SAME", f"padding {conv.padding!r}"),
+        (all(int(v) == 1 for v in np.atleast_1d(conv.kernel_dilation or 1)), f"kernel_dilation {conv.kernel_dilation}"),
+        (all(int(v) == 1 for v in np.atleast_1d(conv.input_dilation or 1)), f"input_dilation {conv.input_dilation}"),
+        (conv.feature_group_count == 1, f"feature_group_count {conv.feature_group_count}"),
+        (getattr(conv, "mask", None) is None, "a kernel mask"),
+    ]
+    wrong = [why for ok, why in checks if not ok]
+    return f"{prefix} ({', '.join(wrong)})" if wrong else None
+
+
+def _layer_plan(found: list, site_names: tuple, last_layer) -> tuple:
+    """(layers, problem): the known layers from ``found`` — (prefix, "dense" | "conv", module) in
+    call order — and '' when K-FAC can cover the network, else why not, naming the layers and
+    parameters it cannot treat. The declared last layer goes last (the output layer)."""
+    layers, unsupported = [], []
+    for prefix, kind, module in found:
+        problem = _conv_problem(prefix, module) if kind == "conv" else None
+        if problem is not None:
+            unsupported.append(problem)
+            continue
+        size = int(np.atleast_1d(module.kernel_size)[0]) if kind == "conv" else 0
+        layers.append(_KnownLayer(prefix, size, bool(module.use_bias)))
+    covered = {_site(layer.prefix, leaf) for layer in layers for leaf in ("kernel", "bias")}
+    unsupported += [name for name in site_names if name not in covered
+                    and not any(name.startswith(p.split(" ")[0] + ".") for p in unsupported)]
+    if unsupported:
+        return (), ("K-FAC here covers Flax Dense/Linear layers and stride-1 'SAME' convolutions, and not "
+                    + ", ".join(unsupported))
+    prefixes = (last_layer,) if isinstance(last_layer, str) else tuple(last_layer or ())
+    layers.sort(key=lambda layer: layer.prefix in prefixes)  # stable: call order otherwise
+    return tuple(layers), ""
+
+
+class _Taps:
+    """One K-FAC forward pass through a Flax module: records each known layer's input rows and adds
+    its tap to the layer's output (see ``Network``: layers() and forward())."""
+
+    def __init__(self, layers: tuple, taps):
+        self.layers, self.taps = layers, taps
+        self.index = {layer.prefix: i for i, layer in enumerate(layers)}
+        self.inputs = [None] * len(layers)
+
+    def __call__(self, prefix: str, x, call):
+        from ppl.models.cnn import image_patches
+
+        i = self.index[prefix]
+        if self.inputs[i] is not None:
+            raise OptionError(
+                f"K-FAC: layer {prefix!r} is applied more than once in one pass (shared weights); K-FAC needs "
+                "each layer once — use hessian='full', 'diag' or 'lowrank'"
+            )
+        size = self.layers[i].kernel_size
+        rows = image_patches(x, size) if size else x
+        if rows.ndim > 2:
+            rows = jnp.reshape(rows, (rows.shape[0], -1, rows.shape[-1]))
+        self.inputs[i] = rows
+        out = call(x)
+        return out if self.taps is None else out + jnp.reshape(self.taps[i], out.shape)
+
+    def result(self, out) -> tuple:
+        missing = [layer.prefix for layer, h in zip(self.layers, self.inputs) if h is None]
+        if missing:
+            raise OptionError(f"K-FAC: the layers {', '.join(missing)} were not applied in the forward pass")
+        return out, self.inputs
+
+
+def _site(prefix: str, leaf: str) -> str:
+    return f"{prefix}.{leaf}" if prefix else leaf
+
+
+def _declares(layers: tuple) -> tuple:
+    return tuple((_site(layer.prefix, "kernel"), _site(layer.prefix, "bias") if layer.bias else None, None)
+                 for layer in layers)
+
+
+def _linen_layers(module, example, site_names: tuple, last_layer) -> tuple:
+    """The Dense and Conv layers a Linen module applies, found by tracing it on ``example`` (no
+    arithmetic is done), in call order; see _layer_plan."""
+    import flax.linen as linen
+
+    found = []
+
+    def record(next_fun, args, kwargs, context):
+        kind = {linen.Dense: "dense", linen.Conv: "conv"}.get(type(context.module))
+        if kind is not None and context.method_name == "__call__":
+            found.append((".".join(map(str, context.module.path)), kind, context.module))
+        return next_fun(*args, **kwargs)
+
+    with linen.intercept_methods(record):
+        jax.eval_shape(module.init, jax.random.PRNGKey(0), example)
+    return _layer_plan(found, site_names, last_layer)
+
+
 @dataclass(frozen=True)
 class _FlaxApply:
-    """``(params, X) -> module.apply({"params": params}, X)``, hashable by the module's value."""
+    """``(params, X) -> module.apply({"params": params}, X)``, hashable by the module's value; with
+    the Dense and Conv layers it applies declared for K-FAC (``layer_problem`` says why not)."""
 
     module: Any
+    plan: tuple = ()
+    layer_problem: str | None = None
 
     def __call__(self, params, X):
         return self.module.apply({"params": params}, X)
+
+    def layers(self) -> tuple:
+        return _declares(self.plan)
+
+    def forward(self, params, X, taps=None) -> tuple:
+        import flax.linen as linen
+
+        tap = _Taps(self.plan, taps)
+
+        def intercept(next_fun, args, kwargs, context):
+            prefix = ".".join(map(str, context.module.path))
+            if context.method_name == "__call__" and prefix in tap.index:
+                return tap(prefix, args[0], lambda x: next_fun(x, *args[1:], **kwargs))
+            return next_fun(*args, **kwargs)
+
+        with linen.intercept_methods(intercept):
+            out = self.module.apply({"params": params}, X)
+        return tap.result(out)
 
 
 def _key_of(entry):
@@ -548,8 +693,11 @@ class _NnxApply:
     graph: Any
     treedef: Any
     keys: tuple  # each parameter's key path in the pure dict, in the State's leaf order
+    plan: tuple = ()  # the Linear and Conv layers, for K-FAC
+    paths: tuple = ()  # each planned layer's path of attributes and indices in the module
+    layer_problem: str | None = None
 
-    def __call__(self, params, X):
+    def _module(self, params):
         from flax import nnx
 
         leaves = []
@@ -558,7 +706,59 @@ class _NnxApply:
             for key in path:
                 value = value[key]
             leaves.append(value)
-        return nnx.merge(self.graph, jax.tree_util.tree_unflatten(self.treedef, leaves))(X)
+        return nnx.merge(self.graph, jax.tree_util.tree_unflatten(self.treedef, leaves))
+
+    def __call__(self, params, X):
+        return self._module(params)(X)
+
+    def layers(self) -> tuple:
+        return _declares(self.plan)
+
+    def forward(self, params, X, taps=None) -> tuple:
+        module = self._module(params)  # a fresh module, so its layers can be wrapped in place
+        tap = _Taps(self.plan, taps)
+        for layer, path in zip(self.plan, self.paths):
+            parent = module
+            for key in path[:-1]:
+                parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+            wrapped = _TappedCall(tap, layer.prefix, _step(parent, path[-1]))
+            if isinstance(path[-1], int):
+                parent[path[-1]] = wrapped
+            else:
+                setattr(parent, path[-1], wrapped)
+        return tap.result(module(X))
+
+
+def _step(node, key):
+    return node[key] if isinstance(key, int) else getattr(node, key)
+
+
+@dataclass(frozen=True)
+class _TappedCall:
+    """A layer's call routed through the K-FAC recorder."""
+
+    tap: Any
+    prefix: str
+    layer: Any
+
+    def __call__(self, x):
+        return self.tap(self.prefix, x, self.layer)
+
+
+def _nnx_layers(module, site_names: tuple, last_layer) -> tuple:
+    """(plan, paths, problem) for an NNX module's Linear and Conv layers (see _layer_plan), in the
+    module's graph order with the declared last layer last."""
+    from flax import nnx
+
+    found, paths = [], {}
+    for path, node in nnx.iter_graph(module):
+        kind = {nnx.Linear: "linear", nnx.Conv: "conv"}.get(type(node))
+        if kind is not None and path:
+            prefix = ".".join(map(str, path))
+            found.append((prefix, "conv" if kind == "conv" else "dense", node))
+            paths[prefix] = tuple(path)
+    plan, problem = _layer_plan(found, site_names, last_layer)
+    return plan, tuple(paths[layer.prefix] for layer in plan), problem
 
 
 @dataclass(frozen=True)
@@ -567,6 +767,9 @@ class _EquinoxApply:
 
     static: Any
     batched: bool
+    # K-FAC works on (in, out) weights with the bias beside them; Equinox keeps (out, in)
+    layer_problem = ("Equinox keeps a Linear layer's weight as (out, in), and K-FAC here needs (in, out) "
+                     "weights with their bias, as Flax and ppl's networks keep them")
 
     def __call__(self, params, X):
         import equinox as eqx

@@ -102,3 +102,112 @@ def test_equinox_mlp_equals_the_bnn():
                               "layers.1.weight": ("w1", transpose), "layers.1.bias": ("b1", same)})
     with pytest.raises(OptionError, match="Equinox weights are \\(out, in\\)"):
         Network.from_equinox(mlp, likelihood="bernoulli", prior=FanIn())
+
+
+# -- K-FAC through Flax's own layers ----------------------------------------------------------------------
+def _kfac_agrees(reference, net, rename, X, y):
+    """K-FAC Laplace of ``net`` (a Flax module) at the point of ``reference`` (ppl's own network)
+    with the same weights: the same log evidence and the same Gaussian, to float64 rounding. The
+    Kronecker factors are the same matrices, the Flax bias sitting before its kernel in the flat
+    vector rather than after it."""
+    from ppl.inference.laplace import laplace_gaussian
+
+    pr, pn = compile_problem(reference, (X, y)), compile_problem(net, (X, y))
+    positions = pr.unravel(jnp.arange(pr.num_params, dtype=jnp.float64))
+    perm = np.asarray(pn.ravel({name: positions[site] for name, site in rename.items()})).astype(int)
+    u = 0.3 * jax.random.normal(jax.random.PRNGKey(1), (pr.num_params,))
+    key = jax.random.PRNGKey(0)
+    gr, zr = laplace_gaussian(pr, u, np.arange(pr.num_params), "kfac", 0, key)
+    gn, zn = laplace_gaussian(pn, u[perm], np.arange(pn.num_params), "kfac", 0, key)
+    assert abs(zr - zn) <= 1e-9 * abs(zr), (zr, zn)
+    probe = jax.random.normal(jax.random.PRNGKey(2), (pr.num_params,))
+    np.testing.assert_allclose(gn.log_prob(probe[perm]), gr.log_prob(probe), rtol=1e-9)
+    np.testing.assert_allclose(gn.variance(), gr.variance()[perm], rtol=1e-9)
+
+
+def test_kfac_covers_flax_dense_layers_as_it_covers_the_bnn():
+    linen = pytest.importorskip("flax.linen")
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Linen(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            out = linen.Dense(1)  # built first, so named Dense_0, but applied last
+            return out(jnp.tanh(linen.Dense(HIDDEN)(x)))
+
+    class Nnx(nnx.Module):
+        def __init__(self, rngs):
+            self.out = nnx.Linear(HIDDEN, 1, rngs=rngs)  # graph order: "hidden" before "out"
+            self.hidden = nnx.Linear(3, HIDDEN, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jnp.tanh(self.hidden(x)))
+
+    X, y = _data()
+    bnn = BNN(hidden=(HIDDEN,), activation="tanh", likelihood="bernoulli")
+    net = Network.from_flax(Linen(), X[:2], likelihood="bernoulli", last_layer="Dense_0")
+    assert compile_problem(net, (X, y)).model.layers()[-1].weight == "Dense_0.kernel"  # in call order
+    _kfac_agrees(bnn, net, {"Dense_1.kernel": "w0", "Dense_1.bias": "b0", "Dense_0.kernel": "w1",
+                            "Dense_0.bias": "b1"}, X, y)
+    net = Network.from_flax(Nnx(nnx.Rngs(0)), likelihood="bernoulli", last_layer="out")
+    assert compile_problem(net, (X, y)).model.layers()[-1].weight == "out.kernel"  # the declared last layer last
+    _kfac_agrees(bnn, net, {"hidden.kernel": "w0", "hidden.bias": "b0", "out.kernel": "w1", "out.bias": "b1"}, X, y)
+    import ppl
+
+    post = ppl.fit(net, (X, y), method="laplace", seed=0, hessian="kfac", subset="all", steps=300)
+    assert post.info["hessian"] == "kfac" and np.isfinite(ppl.evaluate(post, (X, y), seed=1)["nll"])
+
+
+def test_kfac_expand_covers_a_flax_convolution_as_it_covers_the_cnn():
+    linen = pytest.importorskip("flax.linen")
+    nnx = pytest.importorskip("flax.nnx")
+    from ppl.models import CNN
+
+    class Linen(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            h = linen.relu(linen.Conv(2, (3, 3))(x))
+            h = linen.avg_pool(h, (2, 2), strides=(2, 2))
+            return linen.Dense(10)(h.reshape((h.shape[0], -1)))
+
+    class Nnx(nnx.Module):
+        def __init__(self, rngs):
+            self.conv = nnx.Conv(1, 2, (3, 3), rngs=rngs)
+            self.out = nnx.Linear(32, 10, rngs=rngs)
+
+        def __call__(self, x):
+            h = nnx.avg_pool(nnx.relu(self.conv(x)), (2, 2), strides=(2, 2))
+            return self.out(h.reshape((h.shape[0], -1)))
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(24, 8, 8, 1)), rng.integers(0, 10, size=24)
+    cnn = CNN(channels=(2,), dense=(), num_classes=10)
+    net = Network.from_flax(Linen(), X[:2], likelihood="categorical", last_layer="Dense_0")
+    _kfac_agrees(cnn, net, {"Conv_0.kernel": "conv_0.kernel", "Conv_0.bias": "conv_0.bias",
+                            "Dense_0.kernel": "out.kernel", "Dense_0.bias": "out.bias"}, X, y)
+    net = Network.from_flax(Nnx(nnx.Rngs(0)), likelihood="categorical", last_layer="out")
+    _kfac_agrees(cnn, net, {"conv.kernel": "conv_0.kernel", "conv.bias": "conv_0.bias",
+                            "out.kernel": "out.kernel", "out.bias": "out.bias"}, X, y)
+
+
+def test_kfac_refuses_the_layers_it_cannot_treat_and_names_them():
+    linen = pytest.importorskip("flax.linen")
+    eqx = pytest.importorskip("equinox")
+    import ppl
+
+    class Strided(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            h = linen.LayerNorm()(linen.Conv(2, (3, 3), strides=(2, 2))(x))
+            return linen.Dense(1)(h.reshape((h.shape[0], -1)))
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(12, 8, 8, 1)), rng.integers(0, 2, size=12)
+    net = Network.from_flax(Strided(), X[:2], likelihood="bernoulli")
+    with pytest.raises(OptionError, match=r"not Conv_0 \(strides \(2, 2\)\), LayerNorm_0\.bias, LayerNorm_0\.scale"):
+        ppl.fit(net, (X, y), method="laplace", seed=0, hessian="kfac", steps=5)
+    assert not compile_problem(net, (X, y)).model.has_layers  # the generic GGN (full, diag, lowrank) still serves it
+    Xr, yr = _data()
+    mlp = eqx.nn.MLP(3, 1, HIDDEN, 1, activation=jnp.tanh, key=jax.random.PRNGKey(0))
+    with pytest.raises(OptionError, match=r"Equinox keeps a Linear layer's weight as \(out, in\)"):
+        ppl.fit(Network.from_equinox(mlp, likelihood="bernoulli"), (Xr, yr), method="laplace", seed=0, hessian="kfac")
