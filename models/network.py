@@ -432,7 +432,8 @@ class Network(SupervisedModel):
         if isinstance(prior, _priors.Prior):
             prior = _priors.prior_record(prior)
         fields = {
-            "apply_fn": f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}",
+            "apply_fn": getattr(fn, "origin", None)
+            or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}",
             "leaves": [[leaf.name, list(leaf.shape)] for leaf in self.leaves],
             "likelihood": self.likelihood, "prior_scale": self.prior_scale, "prior": prior,
             "noise_scale": self.noise_scale, "last_layer": self.last_layer, "num_classes": self.num_classes,
@@ -479,7 +480,8 @@ class Network(SupervisedModel):
             keys = tuple(tuple(_key_of(entry) for entry in path[:-1]) for path, _ in paths)
             net = cls(_NnxApply(graph, treedef, keys), template, **options)
             plan, paths, problem = _nnx_layers(module, net.site_names, net.last_layer)
-            return dataclasses.replace(net, apply_fn=_NnxApply(graph, treedef, keys, plan, paths, problem or None))
+            return dataclasses.replace(net, apply_fn=_NnxApply(graph, treedef, keys, plan, paths, problem or None,
+                                                                type(module)))
         if not isinstance(module, linen.Module):
             raise OptionError(
                 f"Network.from_flax takes a flax.nnx or flax.linen Module, got {type(module).__name__}; for another "
@@ -534,6 +536,11 @@ class Network(SupervisedModel):
             )
         params.update(self._sample_noise())
         return self._observe(X, y, params)
+
+
+def _origin(cls, library: str) -> str:
+    """How a saved run names an adapted module: its class, which loading needs built again."""
+    return f"{cls.__module__}.{cls.__qualname__} ({library} module)"
 
 
 # -- the layers of a Flax module, for K-FAC ------------------------------------------------------------
@@ -655,6 +662,10 @@ class _FlaxApply:
     plan: tuple = ()
     layer_problem: str | None = None
 
+    @property
+    def origin(self) -> str:
+        return _origin(type(self.module), "Flax Linen")
+
     def __call__(self, params, X):
         return self.module.apply({"params": params}, X)
 
@@ -696,6 +707,11 @@ class _NnxApply:
     plan: tuple = ()  # the Linear and Conv layers, for K-FAC
     paths: tuple = ()  # each planned layer's path of attributes and indices in the module
     layer_problem: str | None = None
+    module_class: Any = None
+
+    @property
+    def origin(self) -> str | None:
+        return None if self.module_class is None else _origin(self.module_class, "Flax NNX")
 
     def _module(self, params):
         from flax import nnx
@@ -767,6 +783,10 @@ class _EquinoxApply:
 
     static: Any
     batched: bool
+
+    @property
+    def origin(self) -> str:
+        return _origin(type(self.static), "Equinox")
     # K-FAC works on (in, out) weights with the bias beside them; Equinox keeps (out, in)
     layer_problem = ("Equinox keeps a Linear layer's weight as (out, in), and K-FAC here needs (in, out) "
                      "weights with their bias, as Flax and ppl's networks keep them")

@@ -996,6 +996,10 @@ def _given_network(model, record: dict, data, folder):
     if not isinstance(given, Network):
         raise RunError(f"{folder}: this run is of a Network; model= must be a Network or a CNN, got {type(model).__name__}")
     mine = given.to_config()["fields"]
+    legacy = f"ppl.models.network.{type(given.apply_fn).__name__}"
+    if fields.get("apply_fn") == legacy and getattr(given.apply_fn, "origin", None):
+        # runs saved before adapters recorded the module's class named only the adapter
+        fields = {**fields, "apply_fn": mine["apply_fn"]}
     differ = [f"{key}: saved {fields.get(key)!r}, given {mine.get(key)!r}" for key in sorted(set(fields) | set(mine))
               if _plain(fields.get(key)) != _plain(mine.get(key))]
     if differ:

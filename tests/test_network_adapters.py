@@ -211,3 +211,58 @@ def test_kfac_refuses_the_layers_it_cannot_treat_and_names_them():
     mlp = eqx.nn.MLP(3, 1, HIDDEN, 1, activation=jnp.tanh, key=jax.random.PRNGKey(0))
     with pytest.raises(OptionError, match=r"Equinox keeps a Linear layer's weight as \(out, in\)"):
         ppl.fit(Network.from_equinox(mlp, likelihood="bernoulli"), (Xr, yr), method="laplace", seed=0, hessian="kfac")
+
+
+def test_flax_and_equinox_runs_reload_given_the_module_and_name_it_when_not_given(tmp_path):
+    """A saved run names the module's class (loading never imports it) and reloads given the
+    module built again: the same draws and predictions."""
+    nnx = pytest.importorskip("flax.nnx")
+    eqx = pytest.importorskip("equinox")
+    import ppl
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.hidden, self.out = nnx.Linear(3, HIDDEN, rngs=rngs), nnx.Linear(HIDDEN, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jnp.tanh(self.hidden(x)))
+
+    X, y = _data()
+    builders = {
+        "nnx": (lambda: Network.from_flax(MLP(nnx.Rngs(0)), likelihood="bernoulli", last_layer="out"),
+                r"test_network_adapters\..*MLP \(Flax NNX module\)"),
+        "equinox": (lambda: Network.from_equinox(eqx.nn.MLP(3, 1, HIDDEN, 1, key=jax.random.PRNGKey(0)),
+                                                 likelihood="bernoulli"),
+                    r"equinox\.nn\._mlp\.MLP \(Equinox module\)"),
+    }
+    for name, (build, origin) in builders.items():
+        post = ppl.fit(build(), (X, y), method="map", seed=0, steps=50)
+        post.save(tmp_path / name)
+        with pytest.raises(ppl.RunError, match=rf"apply function {origin}\).*load it with model="):
+            ppl.load(tmp_path / name)
+        loaded = ppl.load(tmp_path / name, model=build())
+        np.testing.assert_array_equal(loaded.flat_draws, post.flat_draws)
+        np.testing.assert_array_equal(loaded.predict(X[:5], seed=0).probs, post.predict(X[:5], seed=0).probs)
+
+
+def test_a_run_saved_before_adapters_named_their_module_still_reloads(tmp_path, monkeypatch):
+    nnx = pytest.importorskip("flax.nnx")
+    import ppl
+    from ppl.models import network
+
+    class MLP(nnx.Module):
+        def __init__(self, rngs):
+            self.out = nnx.Linear(3, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(x)
+
+    X, y = _data()
+    build = lambda: Network.from_flax(MLP(nnx.Rngs(0)), likelihood="bernoulli")  # noqa: E731
+    with monkeypatch.context() as patch:  # the record as it was: the adapter's own name
+        patch.setattr(network._NnxApply, "origin", property(lambda self: None))
+        post = ppl.fit(build(), (X, y), method="map", seed=0, steps=50)
+        post.save(tmp_path / "run")
+    with pytest.raises(ppl.RunError, match=r"apply function ppl\.models\.network\._NnxApply"):
+        ppl.load(tmp_path / "run")
+    np.testing.assert_array_equal(ppl.load(tmp_path / "run", model=build()).flat_draws, post.flat_draws)
