@@ -162,6 +162,11 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
             result.losses, None, stochastic=False, **gradient_evidence(objective, problem, mode, key, start_norm)
         )
         if not judged.converged:
+            if network:
+                # A network's climb goes nowhere infinite (its priors have fixed scales): where it
+                # stopped is nearer the posterior than where it began.
+                return Frame.plain(mode), (f"the MAP start did not settle ({judged.convergence}); started "
+                                           f"where it stopped with sd {INIT_SCALE}")
             return Frame.plain(start), f"the MAP start did not settle ({judged.convergence}); {fallback}"
     if batch_size is None and problem.num_params <= DENSE_FRAME_MAX:
         frame = frame_from_hessian(mode, curvature.hessian(problem, mode))
