@@ -266,3 +266,33 @@ def test_a_run_saved_before_adapters_named_their_module_still_reloads(tmp_path, 
     with pytest.raises(ppl.RunError, match=r"apply function ppl\.models\.network\._NnxApply"):
         ppl.load(tmp_path / "run")
     np.testing.assert_array_equal(ppl.load(tmp_path / "run", model=build()).flat_draws, post.flat_draws)
+
+
+def test_logistic_regression_in_flax_and_equinox_has_the_bnns_map():
+    """One Dense layer (logistic regression) in Flax Linen, Flax NNX and Equinox: a strictly concave
+    log joint, so one MAP, which each fit must reach within its own final gradient's bound (the log
+    joint's curvature is at least 1/s² = 1 under the unit prior)."""
+    linen = pytest.importorskip("flax.linen")
+    nnx = pytest.importorskip("flax.nnx")
+    eqx = pytest.importorskip("equinox")
+    import ppl
+
+    X, y = _data()
+    bnn = BNN(hidden=(), likelihood="bernoulli")
+    pb = compile_problem(bnn, (X, y))
+    ub = jnp.asarray(ppl.fit(bnn, (X, y), method="map", seed=0, steps=3000).approximation.loc)
+    grad_b = float(jnp.linalg.norm(jax.grad(pb.log_joint)(ub)))
+    flat = pb.unravel(ub)
+    networks = {
+        "linen": (Network.from_flax(linen.Dense(1), X[:2], likelihood="bernoulli"),
+                  {"kernel": flat["w0"], "bias": flat["b0"]}),
+        "nnx": (Network.from_flax(nnx.Linear(3, 1, rngs=nnx.Rngs(0)), likelihood="bernoulli"),
+                {"kernel": flat["w0"], "bias": flat["b0"]}),
+        "equinox": (Network.from_equinox(eqx.nn.Linear(3, 1, key=jax.random.PRNGKey(0)), likelihood="bernoulli"),
+                    {"weight": flat["w0"].T, "bias": flat["b0"]}),
+    }
+    for name, (net, same) in networks.items():
+        pn = compile_problem(net, (X, y))
+        un = jnp.asarray(ppl.fit(net, (X, y), method="map", seed=0, steps=3000).approximation.loc)
+        grad_n = float(jnp.linalg.norm(jax.grad(pn.log_joint)(un)))
+        assert float(jnp.linalg.norm(un - pn.ravel(same))) <= grad_b + grad_n + 1e-8, name
