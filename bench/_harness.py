@@ -76,6 +76,31 @@ def timed(fn: Callable[[], object], repeats: int = 3) -> dict:
     return {"first_s": first, "warm_s": median, "compile_s": max(first - median, 0.0), "warm_all_s": warm}
 
 
+def per_step(fit: Callable[[int], object], short: int, repeats: int = 3, target_s: float = 3.0,
+             most: int = 200000) -> dict:
+    """Seconds per step of ``fit(steps)`` (a whole run of that many steps), warm: the difference
+    between fits of ``short`` and ``short + extra`` steps over ``extra``, so that what a run does
+    once (its start, its draws, its diagnostics) cancels. ``extra`` is sized from a pilot so that
+    it takes about ``target_s``: the once-per-run work jitters by tens of milliseconds, which
+    must stay small beside the difference. ``compile_s`` is the first call's excess over a warm one."""
+    start = time.perf_counter()
+    fit(short)
+    first = time.perf_counter() - start
+    pilot = short + 64
+    times = []
+    for steps in (short, pilot):
+        start = time.perf_counter()
+        fit(steps)
+        times.append(time.perf_counter() - start)
+    rough = max((times[1] - times[0]) / (pilot - short), 1e-6)
+    extra = int(min(max(target_s / rough, 64), most))
+    a = timed(lambda: fit(short), repeats)
+    b = timed(lambda: fit(short + extra), repeats)
+    seconds = max(b["warm_s"] - a["warm_s"], 1e-12) / extra
+    return {"per_step_s": seconds, "extra_steps": extra, "fit_fixed_s": a["warm_s"] - short * seconds,
+            "compile_s": max(first - a["warm_s"], 0.0)}
+
+
 def table(title: str, columns: list, rows: list) -> dict:
     return {"title": title, "columns": list(columns), "rows": [list(row) for row in rows]}
 

@@ -14,10 +14,8 @@ warm fits of different lengths divided by their difference in steps, so that wha
 from __future__ import annotations
 
 import argparse
-import time
 
 import jax
-import numpy as np
 
 import ppl
 from bench import _harness
@@ -26,7 +24,7 @@ from ppl.models import BNN
 
 PARTICLES = 8
 SHORT = 16  # steps of the shorter fit
-TARGET_S = 2.0  # the longer fit's extra steps take about this long
+TARGET_S = 3.0  # the longer fit's extra steps take about this long
 
 
 def _fit(method: str, model, data, steps: int, batch):
@@ -39,31 +37,18 @@ def _fit(method: str, model, data, steps: int, batch):
 
 
 def step_time(method: str, model, data, batch, repeats: int) -> dict:
-    """Seconds per training step (warm), from fits of SHORT and SHORT + K steps."""
-    pilot_long = SHORT + 32
-    _fit(method, model, data, SHORT, batch)  # compiles
-    pilot = []
-    for steps in (SHORT, pilot_long):
-        start = time.perf_counter()
-        _fit(method, model, data, steps, batch)
-        pilot.append(time.perf_counter() - start)
-    rough = max((pilot[1] - pilot[0]) / (pilot_long - SHORT), 1e-5)
-    extra = int(np.clip(TARGET_S / rough, 32, 20000))
-    short = _harness.timed(lambda: _fit(method, model, data, SHORT, batch), repeats)
-    long = _harness.timed(lambda: _fit(method, model, data, SHORT + extra, batch), repeats)
-    per_step = max(long["warm_s"] - short["warm_s"], 1e-9) / extra
-    return {"per_step_s": per_step, "extra_steps": extra, "fit_overhead_s": short["warm_s"] - SHORT * per_step,
-            "compile_s": short["compile_s"]}
+    """Seconds per training step (warm); see ``_harness.per_step``."""
+    return _harness.per_step(lambda steps: _fit(method, model, data, steps, batch), SHORT, repeats, TARGET_S)
 
 
-def run(quick: bool = False, repeats: int = 3) -> dict:
+def run(quick: bool = False, repeats: int = 3, methods=("svi", "map"), widths=None, batches=None) -> dict:
     data = ppl.datasets.load("digits", seed=0)
     n = data.train.X.shape[0]
-    widths = (64, 512) if quick else (64, 128, 256, 512, 1024)
-    batches = (256, None) if quick else (64, 256, None)
+    widths = widths or ((64, 512) if quick else (64, 128, 256, 512, 1024))
+    batches = batches or ((256, None) if quick else (64, 256, None))
     peak = _harness.matmul_peak()
     rows = []
-    for method in ("svi", "map"):
+    for method in methods:
         for width in widths:
             model = BNN(hidden=(width, width), activation="relu", likelihood="categorical")
             params = compile_problem(model, data.train).num_params
@@ -75,7 +60,7 @@ def run(quick: bool = False, repeats: int = 3) -> dict:
                 rate = flops / timing["per_step_s"]
                 rows.append([method, f"64-{width}-{width}-10", params, "full" if batch is None else batch,
                              1.0 / timing["per_step_s"], rate / 1e9, rate / peak, timing["compile_s"],
-                             timing["fit_overhead_s"]])
+                             timing["fit_fixed_s"]])
                 print(f"  {method} width {width} batch {rows[-1][3]}: {rows[-1][4]:.0f} steps/s, "
                       f"{rows[-1][5]:.1f} GFLOP/s, {100 * rows[-1][6]:.0f}% of peak", flush=True)
     columns = ["method", "network", "P", "batch", "steps/s", "GFLOP/s", "of peak", "compile s", "fit fixed s"]
@@ -88,9 +73,14 @@ def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="two widths and two batch sizes")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", nargs="+", choices=("svi", "map"), default=("svi", "map"))
+    parser.add_argument("--widths", nargs="+", type=int, help="hidden widths W (default 64 to 1024)")
+    parser.add_argument("--batches", nargs="+", help="minibatch sizes, 'full' for the whole data")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
-    result = {"environment": _harness.environment(), **run(args.quick, args.repeats)}
+    batches = None if args.batches is None else tuple(None if b == "full" else int(b) for b in args.batches)
+    result = {"environment": _harness.environment(),
+              **run(args.quick, args.repeats, tuple(args.methods), args.widths and tuple(args.widths), batches)}
     print(_harness.render(result["tables"]))
     if args.out:
         _harness.write(result, args.out)

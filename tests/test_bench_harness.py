@@ -44,3 +44,14 @@ def test_tables_render_aligned_and_round_trip_as_json(tmp_path):
 
 def test_the_matmul_peak_is_a_positive_rate():
     assert _harness.matmul_peak(size=128, repeats=3) > 1e6
+
+
+def test_per_step_cancels_what_a_run_does_once():
+    """A run of n steps that costs 40 ms once and 0.2 ms a step: the difference of two runs finds
+    the 0.2 ms (sleep overshoots by a fraction of a millisecond a call, once per run)."""
+    def fit(steps):
+        time.sleep(0.04 + 2e-4 * steps)
+
+    out = _harness.per_step(fit, short=4, repeats=3, target_s=0.3)
+    assert 1.6e-4 < out["per_step_s"] < 2.6e-4, out
+    assert out["extra_steps"] >= 64 and 0.03 < out["fit_fixed_s"] < 0.06
