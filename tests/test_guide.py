@@ -88,3 +88,21 @@ def test_svi_starts_from_a_given_posterior(linear_model, linear_data, linear_tru
     assert again.info["start"].startswith("started at the mean and covariance of the given nuts run's 800 draws")
     with pytest.raises(ppl.OptionError, match="init must be a fitted Posterior of this model"):
         ppl.fit(LinearRegression(bias=False), linear_data.train, method="svi", seed=0, init=exact)
+
+
+def test_a_networks_unsettled_map_start_keeps_where_the_climb_stopped(monkeypatch):
+    """A network's MAP climb that does not settle within its iterations still ends nearer the
+    posterior than its prior-draw start (a network's priors have fixed scales: no funnel to run
+    down), so the guide starts where it stopped; it used to start back at the climb's beginning."""
+    from ppl._problem import compile_problem
+    from ppl.inference import svi
+    from ppl.models import BNN
+
+    monkeypatch.setattr(svi, "MAP_INIT_STEPS", 3)
+    data = ppl.datasets.load("breast_cancer", seed=0)
+    problem = compile_problem(BNN(hidden=(8,), likelihood="bernoulli"), data.train)
+    key = jax.random.PRNGKey(0)
+    frame, note = svi.starting_frame(problem, key, "map", None, 0.01)
+    assert "did not settle" in note and "where it stopped" in note, note
+    start = problem.init_position(key, "prior")
+    assert float(problem.log_joint(frame.shift)) > float(problem.log_joint(start)) + 1.0
