@@ -574,17 +574,17 @@ def _layer_plan(found: list, site_names: tuple, last_layer) -> tuple:
     """(layers, problem): the known layers from ``found`` — (prefix, "dense" | "conv", module) in
     call order — and '' when K-FAC can cover the network, else why not, naming the layers and
     parameters it cannot treat. The declared last layer goes last (the output layer)."""
-    layers, unsupported = [], []
+    layers, unsupported, named = [], [], set()
     for prefix, kind, module in found:
         problem = _conv_problem(prefix, module) if kind == "conv" else None
         if problem is not None:
             unsupported.append(problem)
+            named.update(_site(prefix, leaf) for leaf in ("kernel", "bias"))
             continue
         size = int(np.atleast_1d(module.kernel_size)[0]) if kind == "conv" else 0
         layers.append(_KnownLayer(prefix, size, bool(module.use_bias)))
     covered = {_site(layer.prefix, leaf) for layer in layers for leaf in ("kernel", "bias")}
-    unsupported += [name for name in site_names if name not in covered
-                    and not any(name.startswith(p.split(" ")[0] + ".") for p in unsupported)]
+    unsupported += [name for name in site_names if name not in covered | named]
     if unsupported:
         return (), ("K-FAC here covers Flax Dense/Linear layers and stride-1 'SAME' convolutions, and not "
                     + ", ".join(unsupported))
@@ -736,7 +736,7 @@ class _NnxApply:
         for layer, path in zip(self.plan, self.paths):
             parent = module
             for key in path[:-1]:
-                parent = parent[key] if isinstance(key, int) else getattr(parent, key)
+                parent = _step(parent, key)
             wrapped = _TappedCall(tap, layer.prefix, _step(parent, path[-1]))
             if isinstance(path[-1], int):
                 parent[path[-1]] = wrapped
@@ -768,10 +768,10 @@ def _nnx_layers(module, site_names: tuple, last_layer) -> tuple:
 
     found, paths = [], {}
     for path, node in nnx.iter_graph(module):
-        kind = {nnx.Linear: "linear", nnx.Conv: "conv"}.get(type(node))
+        kind = {nnx.Linear: "dense", nnx.Conv: "conv"}.get(type(node))
         if kind is not None and path:
             prefix = ".".join(map(str, path))
-            found.append((prefix, "conv" if kind == "conv" else "dense", node))
+            found.append((prefix, kind, node))
             paths[prefix] = tuple(path)
     plan, problem = _layer_plan(found, site_names, last_layer)
     return plan, tuple(paths[layer.prefix] for layer in plan), problem
