@@ -296,3 +296,19 @@ def test_logistic_regression_in_flax_and_equinox_has_the_bnns_map():
         un = jnp.asarray(ppl.fit(net, (X, y), method="map", seed=0, steps=3000).approximation.loc)
         grad_n = float(jnp.linalg.norm(jax.grad(pn.log_joint)(un)))
         assert float(jnp.linalg.norm(un - pn.ravel(same))) <= grad_b + grad_n + 1e-8, name
+
+
+def test_kfac_refuses_a_flax_layer_applied_twice():
+    linen = pytest.importorskip("flax.linen")
+    import ppl
+
+    class Shared(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            d = linen.Dense(3)  # its weights serve two layers: no single Kronecker block fits them
+            return linen.Dense(1)(jnp.tanh(d(jnp.tanh(d(x)))))
+
+    X, y = _data()
+    net = Network.from_flax(Shared(), X[:2], likelihood="bernoulli")
+    with pytest.raises(OptionError, match="layer 'Dense_0' is applied more than once"):
+        ppl.fit(net, (X, y), method="laplace", seed=0, hessian="kfac", steps=20)
