@@ -29,6 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 
+from ppl.inference import _devices
+
 __all__ = ["ELBO", "IWAE", "Renyi", "OBJECTIVES", "GuideLoss", "kl_weight", "local_loss", "local_log_weights"]
 
 OBJECTIVES = ("elbo", "iwae", "renyi")
@@ -42,6 +44,7 @@ def kl_weight(beta: float, kl_warmup: int, step) -> jax.Array:
 
 
 def _parts(problem, draws, batch):
+    draws = _devices.shard_particles(draws)  # split over devices when a fit runs on several
     return jax.vmap(lambda u: problem.density_parts(u, batch))(draws)
 
 

@@ -8,7 +8,6 @@ with the last finite parameters kept) and advances the progress bar. Per-step ke
 
 from __future__ import annotations
 
-import inspect
 import math
 import time
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
+from ppl.inference import _devices
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
 
@@ -172,7 +172,7 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
         batch = None
         if config.batch_size is not None:
             index = minibatch_indices(jax.random.fold_in(step_key, 1), problem.num_data, config.batch_size)
-            batch = problem.batch(index)
+            batch = _devices.shard_rows(problem.batch(index))
 
         def loss_fn(p):
             return objective(p, problem, step_key, batch, step)
@@ -207,7 +207,17 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
     return params, state, losses
 
 
-_run_chunk = partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector"))(_chunk)
+@partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector", "mesh"))
+def _run_chunk(objective, config, capacity, collector, problem, params, state, key, start, num_active, learning_rate,
+               mesh=None):
+    """:func:`_chunk` for one run, compiled. With a ``mesh`` (several devices), each step's
+    minibatch rows and the guide's draws are split over it (:mod:`ppl.inference._devices`)."""
+    with _devices.constrained(mesh):
+        if problem.is_declarative or problem.spec.kind == "unsupervised":
+            # A full-batch step's rows split over the devices like a minibatch's.
+            problem = type(problem)(problem.spec, _devices.shard_rows(problem.data), problem.temperature)
+        return _chunk(objective, config, capacity, collector, problem, params, state, key, start, num_active,
+                      learning_rate)
 
 
 @partial(jax.jit, static_argnames=("objective", "config", "capacity", "collector", "devices"))
@@ -236,37 +246,7 @@ def _run_members_chunk(objective, config, capacity, collector, problem, params, 
             return jax.lax.map(lambda args: one(*args), (params, opt_state, keys, frozen))
         return jax.vmap(one)(params, opt_state, keys, frozen)
 
-    if devices is None or len(devices) == 1:
-        return members(params, opt_state, keys, frozen, problem, start, num_active, learning_rate)
-    count = keys.shape[0]
-    pad = -count % len(devices)
-    padded = jax.tree_util.tree_map(
-        lambda x: jnp.concatenate([x, jnp.repeat(x[-1:], pad, axis=0)]) if pad else x, (params, opt_state, keys, frozen)
-    )
-    split, whole = P("members"), P()
-    out = _shard_map(
-        members, mesh=Mesh(np.asarray(devices), ("members",)), in_specs=(split, split, split, split, whole, whole, whole, whole),
-        out_specs=split,
-    )(*padded, problem, start, num_active, learning_rate)
-    return jax.tree_util.tree_map(lambda x: x[:count], out)
-
-
-def _shard_map(fun, **options):
-    """``shard_map`` without its replication check (the chunk's cond and scan mix per-member values
-    with replicated ones), under the name and option each supported JAX version gives it."""
-    shard_map = getattr(jax, "shard_map", None)
-    if shard_map is None:
-        from jax.experimental.shard_map import shard_map
-    check = "check_vma" if "check_vma" in inspect.signature(shard_map).parameters else "check_rep"
-    return shard_map(fun, **options, **{check: False})
-
-
-def _member_devices(members: int) -> tuple:
-    """The devices an ensemble's members are spread over: the default backend's, as few as give
-    each the fewest members (5 members on 4 devices: 3 devices of 2, not 4 with 3 padded)."""
-    devices = jax.devices()
-    per_device = -(-members // len(devices))
-    return tuple(devices[: -(-members // per_device)])
+    return _devices.spread(members, devices, (params, opt_state, keys, frozen), (problem, start, num_active, learning_rate))
 
 
 @partial(jax.jit, static_argnames=("objective",))
@@ -446,19 +426,26 @@ def minimize(
     capacity = max(1, min(CHUNK_CAPACITY, config.steps))
     learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
     opt_state = _init_state(config, params, learning_rate, members=members is not None, collector=collector)
-    devices = None if members is None else _member_devices(int(members))
-    if devices is None or len(devices) == 1:
-        run_chunk = _run_chunk if members is None else _run_members_chunk
-    else:
-        # Chunks run on all the devices; everything between them stays on the first one.
-        on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
+    if members is None:
+        # One run: its steps are partitioned over every device of the fit (data rows and particles).
+        mesh = _devices.run_mesh(None, getattr(getattr(objective, "objective", objective), "num_particles", 1))
 
-        def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count, rate,
-                      frozen):
-            params, opt_state, key, frozen = jax.device_put((params, opt_state, key, frozen), on_all)
-            out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start,
-                                     count, rate, frozen, devices=devices)
-            return jax.device_put(out, on_first)
+        def run_chunk(*args):
+            return _run_chunk(*args, mesh=mesh)
+    else:
+        devices = _devices.spread_devices(int(members))
+        if len(devices) == 1:
+            run_chunk = _run_members_chunk
+        else:
+            # Chunks run on all the devices; everything between them stays on the first one.
+            on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
+
+            def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count,
+                          rate, frozen):
+                params, opt_state, key, frozen = jax.device_put((params, opt_state, key, frozen), on_all)
+                out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key,
+                                         start, count, rate, frozen, devices=devices)
+                return jax.device_put(out, on_first)
     lead = () if members is None else (int(members),)
     budget = config.budget if judge is not None else config.steps
     history: list = []
