@@ -29,6 +29,7 @@ from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
+from ppl.inference import _devices
 from ppl.inference._base import (
     Method,
     check_choice,
@@ -127,16 +128,23 @@ _init_one = jax.jit(_init_chain, static_argnames=("config",))
 _advance_one = jax.jit(_advance, static_argnames=("config", "capacity"))
 
 
-@partial(jax.jit, static_argnames=("config",))
-def _init_many(config, problem, keys, target_accept, trajectory_length):
-    return jax.vmap(lambda k: _init_chain(config, problem, k, target_accept, trajectory_length))(keys)
+@partial(jax.jit, static_argnames=("config", "devices"))
+def _init_many(config, problem, keys, target_accept, trajectory_length, devices=None):
+    def chains(keys, problem, target_accept, trajectory_length):
+        return jax.vmap(lambda k: _init_chain(config, problem, k, target_accept, trajectory_length))(keys)
+
+    return _devices.spread(chains, devices, (keys,), (problem, target_accept, trajectory_length))
 
 
-@partial(jax.jit, static_argnames=("config", "capacity"))
-def _advance_many(config, capacity, problem, states, num_active, target_accept, trajectory_length):
-    return jax.vmap(
-        lambda s: _advance(config, capacity, problem, s, num_active, target_accept, trajectory_length)
-    )(states)
+@partial(jax.jit, static_argnames=("config", "capacity", "devices"))
+def _advance_many(config, capacity, problem, states, num_active, target_accept, trajectory_length, devices=None):
+    """Vectorized chains, split evenly over ``devices`` (each device runs its share vmapped)."""
+    def chains(states, problem, num_active, target_accept, trajectory_length):
+        return jax.vmap(
+            lambda s: _advance(config, capacity, problem, s, num_active, target_accept, trajectory_length)
+        )(states)
+
+    return _devices.spread(chains, devices, (states,), (problem, num_active, target_accept, trajectory_length))
 
 
 STAT_NAMES = ("z", "diverging", "num_steps", "accept_prob", "energy")
@@ -144,7 +152,8 @@ STAT_NAMES = ("z", "diverging", "num_steps", "accept_prob", "energy")
 
 class _Lane:
     """Chains advanced together by one compiled call: one chain on its own device (sequential), or
-    every chain vmapped (vectorized). ``state`` is the kernel state (leading chain axis when batched)."""
+    every chain vmapped (vectorized; ``device`` is then the tuple of devices the chains are split
+    over). ``state`` is the kernel state (leading chain axis when batched)."""
 
     def __init__(self, chains: list, batched: bool, device):
         self.chains, self.batched, self.device, self.state = chains, batched, device, None
@@ -217,9 +226,9 @@ class _MCMC(Method):
         if resume is not None:
             done, saved_states = self._restore(resume, records, problem, tuning)
         session.start_count(sum(done))
-        devices = jax.devices()
+        devices = _devices.current()
         if self.chain_method == "vectorized":
-            groups = [[_Lane(chains, True, devices[0])]]
+            groups = [[_Lane(chains, True, _devices.spread_devices(len(chains), devices))]]
         else:
             # Chain i runs on device i mod D; a group of D chains advances together, so with
             # several devices (GPUs, or CPU host devices via XLA_FLAGS) the chains run concurrently.
@@ -250,8 +259,11 @@ class _MCMC(Method):
                     active = [min(steps, total - done[lane.chains[0]]) for lane in live]
                     outputs = []
                     for lane, n in zip(live, active):
-                        call = _advance_many if lane.batched else _advance_one
-                        outputs.append(call(config, capacity, problem, lane.state, jnp.asarray(n), *tuning))
+                        if lane.batched:
+                            outputs.append(_advance_many(config, capacity, problem, lane.state, jnp.asarray(n), *tuning,
+                                                         devices=lane.device))
+                        else:
+                            outputs.append(_advance_one(config, capacity, problem, lane.state, jnp.asarray(n), *tuning))
                     outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
                     pace.record(max(active), time.perf_counter() - started)
                     starts = [done[lane.chains[0]] for lane in live]
@@ -289,11 +301,13 @@ class _MCMC(Method):
     # -- pieces of run -------------------------------------------------------------------------------
     def _start_lane(self, lane, key, problem, tuning, config, saved_states) -> None:
         if lane.chains[0] in saved_states:
-            lane.state = jax.device_put(saved_states[lane.chains[0]], lane.device)
+            lane.state = saved_states[lane.chains[0]]
+            if not lane.batched:
+                lane.state = jax.device_put(lane.state, lane.device)
             return
         keys = [jax.random.fold_in(key, c) for c in lane.chains]
         if lane.batched:
-            lane.state = _init_many(config, problem, jnp.stack(keys), *tuning)
+            lane.state = _init_many(config, problem, jnp.stack(keys), *tuning, devices=lane.device)
         else:
             placed = jax.device_put((problem, keys[0], tuning), lane.device)
             lane.state = _init_one(config, placed[0], placed[1], *placed[2])

@@ -42,6 +42,7 @@ from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
+from ppl.inference import _devices
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference.optimize import INITS, minibatch_indices
@@ -230,16 +231,18 @@ class _WhitenedChains(Method):
             return self._posterior(problem, white, batch, curvature, noise, step, plan, run_key, flat, state, done)
 
         label = f"{self.name} ({self.num_chains} chains)"
+        devices = _devices.spread_devices(self.num_chains)
         with _progress.task(label, plan["warmup_calls"] + self.num_samples), _interrupt.guard():
             if plan["warmup_calls"] and session.resume is None:
-                state = _warm(self, problem, white, batch, state, warm_keys, steps, plan["warmup_calls"])
+                state = _warm(self, problem, white, batch, state, warm_keys, steps, plan["warmup_calls"], devices=devices)
                 _check_finite(self, state[0], "warmup", 0)
             _progress.advance(plan["warmup_calls"] + done)
             while done < self.num_samples and not _interrupt.requested():
                 # full chunks share one compiled program; a shorter last chunk compiles once more, so
                 # the chains never step past the draws they store
                 count = min(DRAWS_PER_CHUNK, self.num_samples - done)
-                state, chunk = _sample(self, problem, white, batch, state, keys, steps, jnp.asarray(done), count)
+                state, chunk = _sample(self, problem, white, batch, state, keys, steps, jnp.asarray(done), count,
+                                       devices=devices)
                 _check_finite(self, chunk, "sampling", done, partial=draws, problem=problem)
                 draws.append(chunk)
                 done += count
@@ -351,28 +354,35 @@ def _initial(method, problem, white, starts):
     return zs, jax.vmap(lambda z: method._init_extra(problem, white, z))(zs)
 
 
-@partial(jax.jit, static_argnames=("method", "batch", "calls"))
-def _warm(method, problem, white, batch, state, keys, step, calls: int):
-    def chain(state, key):
-        def body(i, s):
-            return method._transition(problem, white, batch, s, jax.random.fold_in(key, i), step, i)
+@partial(jax.jit, static_argnames=("method", "batch", "calls", "devices"))
+def _warm(method, problem, white, batch, state, keys, step, calls: int, devices=None):
+    def chains(state, keys, problem, white, step):
+        def chain(state, key):
+            def body(i, s):
+                return method._transition(problem, white, batch, s, jax.random.fold_in(key, i), step, i)
 
-        return jax.lax.fori_loop(0, calls, body, state)
+            return jax.lax.fori_loop(0, calls, body, state)
 
-    return jax.vmap(chain)(state, keys)
+        return jax.vmap(chain)(state, keys)
+
+    return _devices.spread(chains, devices, (state, keys), (problem, white, step))
 
 
-@partial(jax.jit, static_argnames=("method", "batch", "count"))
-def _sample(method, problem, white, batch, state, keys, step, offset, count: int):
-    """``count`` draws per chain, returned in u (the chains run in z)."""
-    def chain(state, key):
-        def body(s, d):
-            s = method._draw(problem, white, batch, s, jax.random.fold_in(key, offset + d), step, offset + d)
-            return s, white.to_u(s[0])
+@partial(jax.jit, static_argnames=("method", "batch", "count", "devices"))
+def _sample(method, problem, white, batch, state, keys, step, offset, count: int, devices=None):
+    """``count`` draws per chain, returned in u (the chains run in z), the chains split evenly
+    over ``devices``."""
+    def chains(state, keys, problem, white, step, offset):
+        def chain(state, key):
+            def body(s, d):
+                s = method._draw(problem, white, batch, s, jax.random.fold_in(key, offset + d), step, offset + d)
+                return s, white.to_u(s[0])
 
-        return jax.lax.scan(body, state, jnp.arange(count))
+            return jax.lax.scan(body, state, jnp.arange(count))
 
-    return jax.vmap(chain)(state, keys)
+        return jax.vmap(chain)(state, keys)
+
+    return _devices.spread(chains, devices, (state, keys), (problem, white, step, offset))
 
 
 @dataclass(frozen=True)
