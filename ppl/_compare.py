@@ -99,7 +99,7 @@ class ComparisonInterrupted(KeyboardInterrupt):
 
 
 def compare(model, data=None, *, methods=None, reference: str | None = "nuts", seed, options: dict | None = None,
-            test=None, ood=None, fits=None, log=None) -> Comparison:
+            test=None, ood=None, fits=None, log=None, devices=None) -> Comparison:
     """Fit each method to ``model`` and ``data`` and compare them.
 
     Args:
@@ -120,6 +120,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             resumes where it stopped. A saved fit of other settings (model, data, options, seed) is
             refused before anything runs, naming what differs.
         log: called with one line of text as each method starts and ends (the CLI prints them).
+        devices: the devices every fit runs on (as ``ppl.fit``'s ``devices``).
 
     A method that fails (a non-finite loss, a memory refusal, a model it does not support) becomes
     a row whose ``error`` says why; the others still run. Ctrl-C stops the comparison at the running
@@ -171,7 +172,8 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         log(f"continuing {method} from {path} …" if resume else f"fitting {method} …")
         start = time.perf_counter()
         try:
-            posterior = ppl.fit(model, train, method=method, seed=seed, resume=resume, **options.get(method, {}))
+            posterior = ppl.fit(model, train, method=method, seed=seed, resume=resume, devices=devices,
+                                 **options.get(method, {}))
         except ppl.Interrupted as stop:  # before the method had anything to return
             if path is not None and stop.resume_state is not None:
                 stop.save(path)

@@ -30,6 +30,7 @@ def fit(
     checkpoint_every: int | None = None,
     resume=None,
     progress_bar: bool | None = None,
+    devices=None,
     **options,
 ):
     """Fit ``model`` to ``data`` with the registered ``method``; returns a :class:`ppl.Posterior`.
@@ -57,6 +58,11 @@ def fit(
             uninterrupted one bit for bit on the same machine.
         progress_bar: show progress bars (True), hide them (False), or show them when stderr is a
             terminal (None), as NumPyro's ``progress_bar``.
+        devices: the devices to run on: a number N (the first N of ``jax.devices()``), a list of
+            ``jax.Device``, or None for all of them (one, on a plain CPU machine). Chains and
+            ensemble members are split over them; a single run's minibatch rows and particles are
+            partitioned over them, its gradient summed across them. The result equals the
+            one-device run up to floating-point rounding; a run may be resumed on other devices.
         **options: the method's options (unknown ones raise an error listing the valid ones).
 
     Ctrl-C stops a running method at its next chunk of steps (within about a second) and returns a
@@ -71,12 +77,13 @@ def fit(
     True
     """
     from ppl import _io
-    from ppl.inference import registry
+    from ppl.inference import _devices, registry
     from ppl.inference._base import check_stored_draws
 
     if progress_bar is not None and not isinstance(progress_bar, bool):
         raise OptionError(f"progress_bar must be True, False or None (bars when stderr is a terminal), got {progress_bar!r}")
     key = as_key(seed)
+    chosen = _devices.resolve(devices)
     method_obj = registry.create(method, options)
     if checkpoint_every is not None:
         if isinstance(checkpoint_every, bool) or not isinstance(checkpoint_every, (int, np.integer)) or checkpoint_every < 1:
@@ -114,6 +121,8 @@ def fit(
         posterior.wall_time_s = elapsed
         posterior.seed = print_seed
         posterior.options = method_obj.as_dict()
+        if len(chosen) > 1:
+            posterior.info = {**(posterior.info or {}), "devices": len(chosen)}
         posterior.fingerprint = fingerprint
         posterior.provenance = _io.provenance(problem)
         return posterior
@@ -134,7 +143,7 @@ def fit(
     try:
         # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
         # assembled stops nothing and loses nothing.
-        with _interrupt.guard(), _progress.setting(progress_bar):
+        with _interrupt.guard(), _progress.setting(progress_bar), _devices.use(chosen):
             posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
     except Interrupted as error:
         error.fingerprint = fingerprint

@@ -51,6 +51,9 @@ def _parser() -> argparse.ArgumentParser:
         help="also estimate the elpd by K-fold cross-validation on the training rows (K more fits of the same method)",
     )
     fit.add_argument(
+        "--devices", type=_positive, metavar="N", help=DEVICES_HELP,
+    )
+    fit.add_argument(
         "--checkpoint-every", type=_positive, metavar="N",
         help="write a resumable checkpoint to the output folder every N steps (optimiser steps or MCMC steps)",
     )
@@ -79,6 +82,9 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument(
         "--set", action="append", default=[], metavar="[METHOD.]KEY=VALUE",
         help="a model option (hidden=16) or one method's option (nuts.num_chains=2); repeatable",
+    )
+    comp.add_argument(
+        "--devices", type=_positive, metavar="N", help=DEVICES_HELP,
     )
     comp.add_argument("--out", help="report folder (default: a new runs/compare-<data>-<model>-seed<N>[-K] folder)")
     comp.add_argument("--force", action="store_true", help="replace the report (or unfinished comparison) in --out")
@@ -286,6 +292,10 @@ def _build_model(args, data, model_opts):
 
 
 INVOCATION = "invocation.json"
+DEVICES_HELP = (
+    "run on N devices (GPUs, or N CPU host devices on a CPU): chains and ensemble members are split over them, "
+    "a single run's minibatches and particles partitioned over them (default: every device JAX sees)"
+)
 COMPARE_DATA = "two_moons"
 
 
@@ -302,6 +312,8 @@ def _compare(args) -> int:
     import ppl
     from ppl import _progress
     from ppl._compare import _chosen_methods
+
+    _request_devices(args.devices)
     from ppl.inference import registry
 
     if args.resume:
@@ -356,7 +368,7 @@ def _compare(args) -> int:
     started = time.perf_counter()
     try:
         result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
-                             fits=out / FITS, log=lambda line: print(line, flush=True))
+                             fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
     except ppl.ComparisonInterrupted as stop:
         print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
               f"ppl compare --resume {out}", file=sys.stderr)
@@ -511,10 +523,26 @@ def _take_saved_arguments(args, saved: dict, differences: list) -> None:
             differences.append(f"--{key}: the run used {value!r}, now {given!r}")
 
 
+def _request_devices(count) -> None:
+    """``--devices N``. JAX gives a CPU one device unless asked for more before its first operation,
+    so ask for N now (accelerators are unaffected: JAX then lists those). Once JAX has started (the
+    CLI called in a process that already used it) it keeps the devices it has; ``ppl.fit`` then
+    refuses an N above them, saying so."""
+    import jax
+
+    if count is not None:
+        try:
+            jax.config.update("jax_num_cpu_devices", int(count))
+        except RuntimeError:
+            pass
+
+
 def _fit(args) -> int:
     import ppl
     from ppl import _interrupt, _io, _progress
     from ppl.inference import registry
+
+    _request_devices(args.devices)
 
     if args.resume:
         _apply_resume(args)
@@ -541,7 +569,7 @@ def _fit(args) -> int:
             posterior = ppl.fit(
                 model, data.train.X if args.model == "vae" else data.train, method=args.method, seed=args.seed,
                 checkpoint=target if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
-                resume=args.resume, **method_opts,
+                resume=args.resume, devices=args.devices, **method_opts,
             )
         except ppl.Interrupted as stop:
             _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
