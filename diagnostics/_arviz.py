@@ -7,6 +7,7 @@ import warnings
 
 import arviz as az
 import numpy as np
+import scipy.special
 
 __all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains", "compare_elpd"]
 
@@ -27,9 +28,64 @@ def _dataset(array: np.ndarray):
 
 
 def rhat(array: np.ndarray) -> np.ndarray:
-    """Rank-normalised split R-hat (max of bulk and folded) per component of (chain, draw, ...)."""
+    """Rank-normalised split R-hat (max of bulk and folded; Vehtari et al. 2021) per component of
+    (chain, draw, ...), as ``az.rhat(method="rank")`` computes it, vectorised over the components.
+
+    ArviZ's own loops over components in Python at about a millisecond each, which takes minutes
+    for function-space R-hat at 100,000 inputs; the same estimator over all columns at once takes
+    a fraction of a second (a test pins agreement with ArviZ to rounding). Components with a NaN,
+    or arrays of fewer than 2 chains or 4 draws, give NaN, as in ArviZ.
+    """
+    array = np.asarray(array, dtype=float)
+    chains, draws = array.shape[:2]
+    shape = array.shape[2:]
+    if chains < 2 or draws < 4:
+        return np.full(shape, np.nan)
+    half = draws // 2
+    columns = array.reshape(chains, draws, -1)
+    split = np.concatenate([columns[:, :half], columns[:, draws - half :]], axis=0)  # (2C, half, M)
+    folded = np.abs(split - np.median(split.reshape(-1, split.shape[-1]), axis=0))
     with _quiet():
-        return np.asarray(az.rhat(_dataset(array), method="rank")["x"].values)
+        value = np.maximum(_split_rhat(_z_scale(split)), _split_rhat(_z_scale(folded)))
+    value[np.isnan(columns).any(axis=(0, 1))] = np.nan
+    return value.reshape(shape)
+
+
+def _z_scale(split: np.ndarray) -> np.ndarray:
+    """Normal scores of the pooled draws' average ranks, per column (Blom's offset 3/8)."""
+    pooled = np.ascontiguousarray(split.reshape(-1, split.shape[-1]).T)  # (M, S): each column's draws contiguous
+    scores = scipy.special.ndtri((_average_ranks(pooled) - 0.375) / (pooled.shape[1] + 0.25))
+    return scores.T.reshape(split.shape)
+
+
+def _average_ranks(rows: np.ndarray) -> np.ndarray:
+    """1-based ranks along each row, ties sharing their average rank (``scipy.stats.rankdata``'s
+    "average", which runs several times slower over many rows)."""
+    n = rows.shape[-1]
+    order = np.argsort(rows, axis=-1)
+    ordered = np.take_along_axis(rows, order, axis=-1)
+    starts = np.ones(ordered.shape, dtype=bool)
+    starts[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
+    if starts.all():  # no ties (continuous draws): the ranks are the positions
+        average = np.broadcast_to(np.arange(1.0, n + 1.0), ordered.shape)
+    else:
+        position = np.arange(n)
+        ends = np.ones(ordered.shape, dtype=bool)
+        ends[:, :-1] = starts[:, 1:]
+        first = np.maximum.accumulate(np.where(starts, position, 0), axis=-1)
+        last = np.minimum.accumulate(np.where(ends, position, n - 1)[:, ::-1], axis=-1)[:, ::-1]
+        average = (first + last) / 2.0 + 1.0
+    ranks = np.empty(ordered.shape)
+    np.put_along_axis(ranks, order, average, axis=-1)
+    return ranks
+
+
+def _split_rhat(split: np.ndarray) -> np.ndarray:
+    """Classic R-hat of (chain, draw, M) per column: between- against within-chain variance."""
+    draws = split.shape[1]
+    between = draws * np.var(split.mean(axis=1), axis=0, ddof=1)
+    within = np.mean(np.var(split, axis=1, ddof=1), axis=0)
+    return np.sqrt((between / within + draws - 1) / draws)
 
 
 def ess(array: np.ndarray, method: str) -> np.ndarray:
