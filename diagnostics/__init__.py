@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ppl.diagnostics.convergence import function_rhat
 from ppl.diagnostics.metrics import (
     SelectiveCurve,
     agreement,
@@ -25,6 +26,7 @@ __all__ = [
     "khat",
     "khat_threshold",
     "psis_loo",
+    "function_rhat",
     "classification_metrics",
     "regression_metrics",
     "expected_calibration_error",

@@ -27,8 +27,11 @@ def khat_threshold(num_draws: int) -> float:
     return min(1.0 - 1.0 / math.log10(num_draws), 0.7)
 
 
-def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarray | None = None):
-    """PSIS-LOO from pointwise log-likelihoods (S, N).
+def psis_loo(loglik, *, reff: float = 1.0, log_correction: np.ndarray | None = None):
+    """PSIS-LOO from pointwise log-likelihoods (S, N), or from an iterable of (S, n_j) blocks of
+    consecutive observations (``Posterior.pointwise_log_likelihood_chunks``): each observation's
+    importance ratios are smoothed on their own, so the blocks are processed one at a time and
+    only the per-observation results (N numbers each) are kept.
 
     For draws from an approximation q rather than the posterior, ``log_correction`` = log p − log q
     per draw turns the ratios into p(θ | D₋ᵢ)/q(θ) (Magnusson et al. 2019).
@@ -36,14 +39,20 @@ def psis_loo(loglik: np.ndarray, *, reff: float = 1.0, log_correction: np.ndarra
     error is √N times the pointwise values' standard deviation, and paired differences between
     methods come from the pointwise values.
     """
-    ratios = -loglik.T  # (N, S): log 1/p(y_i | θ_s)
-    if log_correction is not None:
-        ratios = ratios + log_correction[None, :]
-    smoothed, k = _arviz.psis(ratios, reff=reff)
-    # Log likelihoods near ±1e300 (absurd data) overflow in sums and squares: the result is then
-    # ±inf or NaN, which Diagnostics reports as None, instead of a numpy warning.
+    blocks = [loglik] if isinstance(loglik, np.ndarray) else loglik
+    ks, pointwise = [], []
+    for block in blocks:
+        ratios = -block.T  # (n, S): log 1/p(y_i | θ_s)
+        if log_correction is not None:
+            ratios = ratios + log_correction[None, :]
+        smoothed, k = _arviz.psis(ratios, reff=reff)
+        # Log likelihoods near ±1e300 (absurd data) overflow in sums and squares: the result is then
+        # ±inf or NaN, which Diagnostics reports as None, instead of a numpy warning.
+        with np.errstate(over="ignore", invalid="ignore"):
+            pointwise.append(logsumexp(smoothed + block.T, axis=1))
+        ks.append(np.atleast_1d(k))
+    pointwise, k = np.concatenate(pointwise), np.concatenate(ks)
     with np.errstate(over="ignore", invalid="ignore"):
-        pointwise = logsumexp(smoothed + loglik.T, axis=1)
         elpd = float(pointwise.sum())
-        se = float(np.sqrt(loglik.shape[1] * pointwise.var()))
+        se = float(np.sqrt(pointwise.shape[0] * pointwise.var()))
     return elpd, se, k, pointwise

@@ -360,8 +360,8 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
     if loo_unavailable is not None:
         found.note(fields, loo_unavailable)
         return
-    loglik = posterior.pointwise_log_likelihood()
-    flat = loglik.reshape(total_draws, -1)
+    # Blocks of observations, one at a time: the whole (draws × N) array is never held.
+    flat = posterior.pointwise_log_likelihood_chunks()
     if posterior.kind == "chains":
         elpd, se, k, pointwise = psis_loo(flat, reff=_arviz.relative_efficiency(list(posterior.draws.values())))
     else:

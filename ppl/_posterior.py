@@ -66,6 +66,12 @@ def _outputs(problem, u, X):
 
 
 @jax.jit
+def _loglik_rows(problem, flat, batch):
+    """log p(y_i | θ_s) (S, n) of the rows in ``batch``, mapped over draws in vectorised chunks."""
+    return jax.lax.map(lambda u: problem.pointwise_loglik(u, batch), flat, batch_size=_CHUNK)
+
+
+@jax.jit
 def _outputs_many(problem, flat, X):
     return jax.lax.map(lambda u: _outputs(problem, u, X), flat, batch_size=_CHUNK)
 
@@ -157,6 +163,10 @@ def _check_num_samples(n) -> None:
 
 
 PREDICT_CHUNK_BYTES = 256 * 2**20  # device memory one chunk of inputs may take for its outputs
+# One block of per-draw numbers in the paths that reduce as they go (predict(keep_draws=False),
+# PSIS-LOO, function-space R-hat): their working copies are a small multiple of it, so peak memory
+# stays a few hundred MB however many inputs and draws (docs/performance.md has the measurements).
+BLOCK_BYTES = 32 * 2**20
 
 
 def _check_prediction_size(num_draws: int, num_inputs: int, outputs: int) -> None:
@@ -183,6 +193,27 @@ def _by_rows(compute, X, per_row: int, axes: tuple):
     return tuple(
         parts[0][i] if axis is None else np.concatenate([p[i] for p in parts], axis=axis) for i, axis in enumerate(axes)
     )
+
+
+def _summaries_by_rows(problem, flat, X, task: str, noise_axis) -> Prediction:
+    """The Monte Carlo predictive's per-input summaries, chunk of rows by chunk: each chunk's
+    per-draw outputs (at most ``PREDICT_CHUNK_BYTES``) are reduced before the next is computed."""
+    outputs = problem.model.output_dim()
+    rows = max(1, BLOCK_BYTES // max(1, flat.shape[0] * max(outputs, 2) * 8))
+    names = ("mean", "variance", "epistemic_variance", "aleatoric_variance") if task == "regression" else (
+        "probs", "log_probs", "entropy", "aleatoric", "epistemic")
+    parts = {name: [] for name in names}
+    for start in range(0, X.shape[0], rows):
+        f, noise = jax.device_get(_outputs_many(problem, flat, X[start : start + rows]))
+        if task == "regression":
+            part = _regression(np.asarray(f), np.asarray(noise))
+        else:
+            part = _classification(np.asarray(_class_log_probs(problem.likelihood, f)))
+        for name in names:  # the summaries only: the block's per-draw arrays go with ``part``
+            parts[name].append(getattr(part, name))
+    # Homoscedastic noise is per draw (S,), the same for every block: keep it, it is small.
+    kept = None if task != "regression" or noise_axis is not None else np.asarray(noise, np.float64)
+    return Prediction(task=task, member_noise=kept, **{name: np.concatenate(v) for name, v in parts.items()})
 
 
 class Posterior:
@@ -445,6 +476,30 @@ class Posterior:
             self._cache["loglik"] = values.reshape(self.num_chains, self.num_draws, -1)
         return self._cache["loglik"]
 
+    def pointwise_log_likelihood_chunks(self, max_bytes: int = BLOCK_BYTES):
+        """``pointwise_log_likelihood`` as (S, n) blocks of consecutive observations (S draws,
+        chains flattened), each of at most ``max_bytes``, computed one at a time and not kept:
+        what PSIS-LOO reads, so that 100,000 observations × 1,000 draws (800 MB whole) take one
+        block of memory at a time. Yields nothing when the model has no per-datum observations;
+        one block (the whole array) when it is already computed, is small enough, or the model is
+        a plain program (its data are the program's arguments, which ppl cannot cut into rows)."""
+        self._attached("the pointwise log likelihood")
+        if self.problem.spec.no_pointwise_reason is not None:
+            return
+        total = self.num_chains * self.num_draws
+        rows = max(1, int(max_bytes) // (total * 8))
+        n = self.problem.num_data
+        by_rows = self.problem.is_declarative or self.problem.spec.kind == "unsupervised"
+        if "loglik" in self._cache or not by_rows or rows >= n:
+            yield self.pointwise_log_likelihood().reshape(total, -1)
+            return
+        flat = self._flat()
+        for start in range(0, n, rows):
+            # The last block repeats the final row up to the common size: one compiled shape.
+            index = jnp.minimum(jnp.arange(start, start + rows), n - 1)
+            block = _loglik_rows(self.problem, flat, self.problem.batch(index))
+            yield np.asarray(block, dtype=np.float64)[:, : min(rows, n - start)]
+
     def observed_data(self) -> dict:
         """Observed site values on the training data (dict name -> array), for the ArviZ export."""
         if self.problem.is_declarative:
@@ -481,8 +536,27 @@ class Posterior:
             self._cache["function"] = f.reshape(self.num_chains, self.num_draws, *f.shape[1:])
         return self._cache["function"]
 
+    def function_draws_chunks(self, X, max_bytes: int = BLOCK_BYTES):
+        """The network's outputs at inputs ``X`` (N, D) under every stored draw, as
+        (chain, draw, n, outputs) blocks of consecutive rows of at most ``max_bytes``, computed one
+        at a time: function-space diagnostics over many inputs
+        (:func:`ppl.diagnostics.function_rhat`) without the whole (draws × N) array.
+        Outputs are those ``function_draws`` holds on the probe batch: logits for classification,
+        the predictive mean for regression."""
+        self._attached("function draws")
+        self.problem._require_declarative("function draws at new inputs")
+        X = jnp.asarray(validate_inputs(X, any_rank=getattr(self.problem.model, "accepts_array_inputs", False)),
+                        dtype=self.problem.data[0].dtype)
+        flat = self._flat()
+        total = flat.shape[0]
+        width = max(1, self.problem.model.output_dim())
+        rows = max(1, int(max_bytes) // (total * width * 8))
+        for start in range(0, X.shape[0], rows):
+            f = np.asarray(jax.device_get(_outputs_many(self.problem, flat, X[start : start + rows])[0]))
+            yield f.reshape(self.num_chains, self.num_draws, f.shape[1], -1)
+
     # -- prediction --------------------------------------------------------------------------------
-    def predict(self, X, *, seed, num_samples: int | None = None, mode: str = "mc") -> Prediction:
+    def predict(self, X, *, seed, num_samples: int | None = None, mode: str = "mc", keep_draws: bool = True) -> Prediction:
         """Posterior predictive at inputs ``X`` (N, D).
 
         ``mode="mc"`` pushes posterior draws through the network. The other modes use the network
@@ -503,9 +577,25 @@ class Posterior:
             lower, upper = pred.interval(0.9)                              # times target_std plus target_mean
 
         ``ppl predict RUN --data FILE`` does this from the scaling the run saved.
+
+        Memory: the per-draw outputs are computed in chunks of rows of at most
+        ``PREDICT_CHUNK_BYTES`` (256 MiB), and with ``keep_draws=True`` (the default) the result
+        keeps them, S × N × C numbers (refused up front above 4 GiB). ``keep_draws=False``
+        (``mode="mc"``) reduces each block of rows (``BLOCK_BYTES``, 32 MiB of per-draw numbers)
+        to its per-input summaries (probabilities, entropy and its split; mean and variances)
+        before the next, so memory is one block and its working copies plus O(N · C), whatever
+        the number of draws. The prediction then has no ``member_*`` arrays, and what needs them
+        (a regression ``interval`` or ``log_prob``, ``member_probs``) says so.
         """
         if mode not in PREDICT_MODES:
             raise OptionError(f"mode={mode!r} is not one of {PREDICT_MODES}")
+        if not isinstance(keep_draws, (bool, np.bool_)):
+            raise OptionError(f"keep_draws must be True or False, got {keep_draws!r}")
+        if not keep_draws and mode != "mc":
+            raise OptionError(
+                f"keep_draws=False applies to mode='mc' (draws pushed through the network in chunks of rows); "
+                f"mode={mode!r} computes its outputs' moments directly — leave keep_draws=True"
+            )
         self._attached("predict")
         if not self.problem.is_declarative:
             raise TypeError(
@@ -541,13 +631,15 @@ class Posterior:
             )
         outputs = self.problem.model.output_dim()
         draws = self.num_chains * self.num_draws if num_samples is None else num_samples
-        if mode in ("mc", "linearized"):
+        if keep_draws and mode in ("mc", "linearized"):
             # The per-draw outputs (S, N, C) in float64 are the result; refuse before computing them.
             _check_prediction_size(int(draws), X.shape[0], max(outputs, 2 if task == "classification" else 1))
         flat = self._flat() if num_samples is None else self._flat_sample(num_samples, key)
         if mode == "mc":
             # A heteroscedastic model's noise has a row axis (one σ per input); other noise has none.
             noise_axis = 1 if self.problem.likelihood == "heteroscedastic" else None
+            if not keep_draws:
+                return _summaries_by_rows(self.problem, flat, X, task, noise_axis)
             f, noise = _by_rows(
                 lambda rows: _outputs_many(self.problem, flat, rows), X, flat.shape[0] * outputs, axes=(1, noise_axis)
             )

@@ -36,7 +36,8 @@ class Prediction:
     ``member_probs`` and ``member_log_probs`` (S, N, C) per draw, ``entropy`` of the mean, ``aleatoric`` (expected entropy)
     and ``epistemic`` (mutual information), each (N,). The closed-form ``probit`` predictive has no
     per-draw probabilities: there ``member_probs``, ``member_log_probs``, ``aleatoric`` and
-    ``epistemic`` are None.
+    ``epistemic`` are None, and ``predict(..., keep_draws=False)`` keeps no ``member_*`` arrays
+    (the per-input summaries only; regression keeps ``member_noise`` when it is one sd per draw).
     Regression: ``mean`` (N,), total ``variance`` (N,) = ``epistemic_variance`` + ``aleatoric_variance``;
     ``member_means`` (S, N) and ``member_noise``, the noise sd per draw (S,) or, for a
     heteroscedastic model, per draw and input (S, N). Multi-output regression (K targets per input)
@@ -66,6 +67,12 @@ class Prediction:
     def noise_per_draw(self) -> np.ndarray:
         """``member_noise`` shaped to broadcast against ``member_means``: (S, 1) or (S, N) for one
         output, (S, 1, K) for K outputs."""
+        if self.member_means is None:
+            raise ValueError(
+                "this prediction keeps no per-draw means (predict(..., keep_draws=False) reduced them to the mean and "
+                "variances as it went); interval() and log_prob() of a Monte Carlo predictive need them — predict a "
+                "batch of rows with keep_draws=True"
+            )
         noise, means = np.asarray(self.member_noise), np.asarray(self.member_means)
         if noise.ndim == means.ndim:
             return noise
