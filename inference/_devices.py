@@ -20,7 +20,11 @@ Everything here is JAX's own machinery; nothing in ppl moves arrays between devi
   shard by shard with the same bits (``jax_threefry_partitionable``, JAX's default).
 
 On several hosts, ``jax.distributed.initialize()`` before the first fit makes ``jax.devices()``
-list every host's devices, and all of the above applies unchanged.
+list every host's devices, and every process runs the same fit (JAX's multi-controller model).
+Both kinds of spreading then cross hosts unchanged; the results of spread runs are gathered onto
+every device so each process can read them, and :func:`local` brings what the host-side loops
+keep between chunks onto the process's own first device. Sequential chains, which are separate
+programs on one device each, stay on each process's own devices (:func:`local_devices`).
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from jax.sharding import PartitionSpec as P
 
 from ppl._errors import OptionError
 
-__all__ = ["resolve", "use", "current", "spread", "run_mesh", "constrained", "shard_rows", "shard_particles", "spread_devices"]
+__all__ = ["resolve", "use", "current", "spread", "run_mesh", "constrained", "shard_rows", "shard_particles", "spread_devices",
+           "local", "local_devices", "replicate"]
 
 _DEVICES: contextvars.ContextVar = contextvars.ContextVar("ppl_devices", default=None)
 _MESH: contextvars.ContextVar = contextvars.ContextVar("ppl_trace_mesh", default=None)
@@ -104,6 +109,10 @@ def spread_devices(count: int, devices: tuple | None = None) -> tuple:
     """The devices ``count`` independent runs are spread over: as few as give each device the
     fewest runs (5 runs on 4 devices: 3 devices of 2, not 4 with 3 padded)."""
     devices = current() if devices is None else devices
+    if jax.process_count() > 1:
+        # Every process takes part in every program, so each needs devices in it: all of them,
+        # the runs padded (the padding's results are dropped).
+        return tuple(devices)
     per_device = -(-count // len(devices))
     return tuple(devices[: -(-count // per_device)])
 
@@ -125,7 +134,42 @@ def spread(fun, devices: tuple | None, split: tuple, whole: tuple = ()):
     out = _shard_map(
         fun, mesh=mesh, in_specs=(P("runs"),) * len(split) + (P(),) * len(whole), out_specs=P("runs"),
     )(*padded, *whole)
-    return jax.tree_util.tree_map(lambda x: x[:count], out)
+    # The results are gathered onto every device (an all-gather of run states, small beside a
+    # chunk's steps), so each process can read them: across hosts, an array split over other
+    # processes' devices cannot be fetched.
+    replicated = NamedSharding(mesh, P())
+    return jax.tree_util.tree_map(lambda x: jax.lax.with_sharding_constraint(x[:count], replicated), out)
+
+
+def local(tree):
+    """``tree`` on this process's first device: arrays that span several processes' devices
+    (results replicated by :func:`spread` or by a run over a multi-host mesh) are fetched from
+    this process's copy; others are moved device to device. What the host-side loops hold between
+    chunks, so that it mixes with the rest of the fit's arrays."""
+    here = jax.local_devices()[0]
+
+    def move(x):
+        if isinstance(x, jax.Array) and not x.is_fully_addressable:
+            return jax.device_put(np.asarray(x), here)
+        return jax.device_put(x, here)
+
+    return jax.tree_util.tree_map(move, tree)
+
+
+def replicate(tree, devices: tuple):
+    """``tree`` copied onto every one of ``devices``, the input of a chunk that spans them. Across
+    processes each one supplies its own (identical) copy, as JAX's multi-controller model asks;
+    arrays are not sent between hosts."""
+    sharding = NamedSharding(Mesh(np.asarray(devices), ("runs",)), P())
+    if jax.process_count() == 1:
+        return jax.device_put(tree, sharding)
+    return jax.tree_util.tree_map(lambda x: jax.make_array_from_process_local_data(sharding, np.asarray(x)), tree)
+
+
+def local_devices(devices: tuple) -> tuple:
+    """Those of ``devices`` this process can run work on by itself (all of them on one host)."""
+    mine = {d.id for d in jax.local_devices()}
+    return tuple(d for d in devices if d.id in mine) or tuple(jax.local_devices()[:1])
 
 
 def run_mesh(devices: tuple | None, particles: int = 1) -> Mesh | None:

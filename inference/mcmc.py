@@ -232,6 +232,8 @@ class _MCMC(Method):
         else:
             # Chain i runs on device i mod D; a group of D chains advances together, so with
             # several devices (GPUs, or CPU host devices via XLA_FLAGS) the chains run concurrently.
+            # Each is a program of its own, so across hosts every process runs them on its own devices.
+            devices = _devices.local_devices(devices)
             lanes = [_Lane([c], False, devices[c % len(devices)]) for c in chains]
             groups = [lanes[i : i + len(devices)] for i in range(0, len(lanes), len(devices))]
         # Vectorized chains share one loop, so the bars count steps of all chains at once.

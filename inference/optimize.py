@@ -19,8 +19,6 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax.sharding import Mesh, NamedSharding
-from jax.sharding import PartitionSpec as P
 
 from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
@@ -437,15 +435,13 @@ def minimize(
         if len(devices) == 1:
             run_chunk = _run_members_chunk
         else:
-            # Chunks run on all the devices; everything between them stays on the first one.
-            on_all, on_first = NamedSharding(Mesh(np.asarray(devices), ("members",)), P()), devices[0]
-
+            # Chunks run on all the devices; everything between them stays on this process's first one.
             def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count,
                           rate, frozen):
-                params, opt_state, key, frozen = jax.device_put((params, opt_state, key, frozen), on_all)
+                params, opt_state, key, frozen = _devices.replicate((params, opt_state, key, frozen), devices)
                 out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key,
                                          start, count, rate, frozen, devices=devices)
-                return jax.device_put(out, on_first)
+                return _devices.local(out)
     lead = () if members is None else (int(members),)
     budget = config.budget if judge is not None else config.steps
     history: list = []

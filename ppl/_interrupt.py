@@ -8,6 +8,11 @@ everything computed so far and returns a partial result marked interrupted. A se
 
 Outside the main thread (where Python cannot install signal handlers) the guard does nothing and
 Ctrl-C behaves as usual.
+
+Across several processes (``jax.distributed``), every process runs the same compiled chunks, so
+they must agree on each chunk's length and on when to stop: :meth:`ChunkPace.next_chunk` then
+gathers every process's choice and stop flag, all take process 0's length, and all stop once any
+of them was interrupted (``requested`` reports that agreed flag).
 """
 
 from __future__ import annotations
@@ -16,14 +21,23 @@ import contextlib
 import signal
 import threading
 
+import numpy as np
+
 __all__ = ["guard", "requested", "request"]
 
-_STATE = {"requested": False, "depth": 0}
+_STATE = {"requested": False, "agreed": False, "depth": 0}
+
+
+def _processes() -> int:
+    import jax
+
+    return jax.process_count()
 
 
 def requested() -> bool:
-    """True once Ctrl-C was pressed inside the active guard."""
-    return _STATE["requested"]
+    """True once Ctrl-C was pressed inside the active guard (across processes: once the
+    processes agreed that one of them was)."""
+    return _STATE["agreed"] if _processes() > 1 else _STATE["requested"]
 
 
 def request() -> None:
@@ -42,7 +56,7 @@ def guard():
     """Route SIGINT to the stop flag for the duration of the block (re-entrant)."""
     main = threading.current_thread() is threading.main_thread()
     if _STATE["depth"] == 0:
-        _STATE["requested"] = False
+        _STATE["requested"] = _STATE["agreed"] = False
     previous = None
     # A process started with SIGINT ignored (a shell's background job) keeps ignoring it.
     if main and _STATE["depth"] == 0 and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
@@ -74,6 +88,16 @@ class ChunkPace:
         self.calls = 0
 
     def next_chunk(self) -> int:
+        steps = self._own_choice()
+        if _processes() > 1:
+            from jax.experimental import multihost_utils
+
+            votes = multihost_utils.process_allgather(np.asarray([steps, int(_STATE["requested"])], np.int64))
+            steps = int(votes[0, 0])
+            _STATE["agreed"] = _STATE["agreed"] or bool(votes[:, 1].any())
+        return steps
+
+    def _own_choice(self) -> int:
         if self.calls == 0:
             return 1
         if self.seconds_per_step is None:

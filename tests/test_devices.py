@@ -156,3 +156,66 @@ def test_rows_and_particles_are_partitioned_over_the_mesh():
     line = [line for line in run.stdout.splitlines() if line.startswith("MESH")]
     assert line, run.stderr[-2000:]
     assert line[0] == "MESH {'particles': 2, 'data': 2} ALLREDUCE True SHARD True"
+
+
+HOSTS_SCRIPT = """
+import json, sys
+import jax
+process, processes, port, path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+jax.config.update("jax_num_cpu_devices", 4 // processes)
+jax.config.update("jax_enable_x64", True)
+if processes > 1:
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"localhost:{port}", num_processes=processes, process_id=process)
+import numpy as np, ppl
+from ppl.models import BNN, LinearRegression
+cancer = ppl.datasets.load("breast_cancer", seed=0).train
+linear = ppl.datasets.load("linear", seed=0).train
+bnn = BNN(hidden=(8,), likelihood="bernoulli")
+runs = {
+    "svi (data-parallel)": (bnn, cancer, "svi", dict(steps=60, batch_size=64)),
+    "ensemble (members)": (bnn, cancer, "ensemble", dict(num_members=4, steps=20)),
+    "multiswag (members)": (bnn, cancer, "multiswag", dict(num_members=2, steps=20, swag_steps=30, batch_size=64)),
+    "sgld (chains)": (bnn, cancer, "sgld", dict(num_samples=50, batch_size=64)),
+    "nuts (vectorized)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50, chain_method="vectorized")),
+    "nuts (sequential)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50)),
+}
+out = {"devices": len(jax.devices())}
+for name, (model, data, method, options) in runs.items():
+    out[name] = np.asarray(ppl.fit(model, data, method=method, seed=0, progress_bar=False, **options).flat_draws).tolist()
+with open(path, "w") as handle:  # a file: the collectives' own messages share stdout
+    json.dump(out, handle)
+if processes > 1:
+    jax.distributed.shutdown()
+"""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow  # ~2 minutes: the same six fits in two processes of 2 devices and in one of 4
+def test_two_processes_give_the_one_process_result(tmp_path):
+    # A multi-host launch on one machine: two processes joined by jax.distributed (CPU collectives
+    # over gloo), 2 devices each, against one process with the same 4 devices. Every process must
+    # hold the same draws as the single process: chunk lengths and stops are agreed between them.
+    port = str(_free_port())
+    paths = [tmp_path / f"{name}.json" for name in ("host0", "host1", "single")]
+    workers = [subprocess.Popen([sys.executable, "-c", HOSTS_SCRIPT, str(i), "2", port, str(paths[i])],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    single = subprocess.run([sys.executable, "-c", HOSTS_SCRIPT, "0", "1", "0", str(paths[2])], capture_output=True,
+                            text=True, timeout=900)
+    errors = [w.communicate(timeout=900)[1] for w in workers] + [single.stderr]
+    results = []
+    for path, stderr in zip(paths, errors):
+        assert path.exists(), stderr[-3000:]
+        results.append(json.loads(path.read_text()))
+    assert [r.pop("devices") for r in results] == [4, 4, 4]
+    for name in results[2]:
+        reference = np.asarray(results[2][name])
+        for r in results[:2]:
+            np.testing.assert_allclose(np.asarray(r[name]), reference, rtol=1e-12, atol=1e-12, err_msg=name)
