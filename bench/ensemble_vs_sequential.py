@@ -1,13 +1,13 @@
 """``ensemble`` (M members as one vmapped program) against M sequential ``map`` fits, same process.
 
-    python -m bench.ensemble_vs_sequential [--members 5] [--repeats 3] [--cpu-devices N] [--out results.json]
+    python -m bench.ensemble_vs_sequential [--quick] [--members 5] [--repeats 3] [--cpu-devices N] [--out F.json]
 
 A BNN (30 → 50 ReLU → 1 Bernoulli) on ``breast_cancer``, float32 (JAX's default), with two
 optimisers: Adam on minibatches of 64 for 2000 steps, and full-batch L-BFGS (``map``'s default)
-for 2000 steps. Each configuration is compiled once first (a short run of each, timed and
-reported as "first call"), then timed as the median of ``--repeats`` warm runs: one
-``ensemble`` fit of M members against M ``map`` fits with the same options. The ratio is
-ensemble / sequential (below 1: the one program is faster).
+for 2000 steps (500 each with ``--quick``). Each configuration's first call (compilation
+included) is reported apart from the median of ``--repeats`` warm runs (``_harness.timed``): one
+``ensemble`` fit of M members against M ``map`` fits with the same options, seeds 0 to M − 1.
+The ratio is ensemble / sequential (below 1: the one program is faster).
 
 XLA:CPU runs a program's operations on one core. ``--cpu-devices N`` exposes the CPU as N JAX
 devices (``jax_num_cpu_devices``, before JAX starts): the ensemble then splits its members over
@@ -17,58 +17,57 @@ them, so it can use N cores, while each ``map`` fit still runs on one.
 from __future__ import annotations
 
 import argparse
-import json
-import time
 
 import jax
-import numpy as np
 
 import ppl
+from bench import _harness
 from ppl.models import BNN
 
+CONFIGS = (
+    ("adam, minibatch 64", dict(optimizer="adam", batch_size=64)),
+    ("lbfgs, full batch", dict(optimizer="lbfgs")),
+)
 
-def _timed(fn) -> float:
-    start = time.perf_counter()
-    fn()
-    return time.perf_counter() - start
+
+def run(quick: bool = False, repeats: int = 3, members: int = 5) -> dict:
+    data = ppl.datasets.load("breast_cancer", seed=0)
+    model = BNN(hidden=(50,), likelihood="bernoulli")
+    steps = 500 if quick else 2000
+    rows = []
+    for label, options in CONFIGS:
+        options = dict(options, steps=steps, progress_bar=False)
+        ensemble = _harness.timed(
+            lambda: ppl.fit(model, data.train, method="ensemble", seed=0, num_members=members, **options), repeats)
+        sequential = _harness.timed(
+            lambda: [ppl.fit(model, data.train, method="map", seed=m, **options) for m in range(members)], repeats)
+        rows.append([label, steps, ensemble["first_s"], sequential["first_s"], ensemble["warm_s"],
+                     sequential["warm_s"], ensemble["warm_s"] / sequential["warm_s"]])
+        print(f"  {label}: ensemble {ensemble['warm_s']:.2f} s, {members} × map {sequential['warm_s']:.2f} s", flush=True)
+    devices = jax.device_count()
+    title = (f"ensemble of {members} members against {members} sequential map fits (BNN 30-50-1 on breast_cancer, "
+             f"float32, {devices} JAX device{'s' if devices > 1 else ''}, median of {repeats} warm runs; "
+             "ratio below 1: the ensemble is faster)")
+    columns = ["optimiser", "steps", "ensemble first s", f"{members} × map first s", "ensemble warm s",
+               f"{members} × map warm s", "ratio"]
+    return {"name": "ensemble_vs_sequential", "members": members, "tables": [_harness.table(title, columns, rows)]}
 
 
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="500 steps instead of 2000")
     parser.add_argument("--members", type=int, default=5)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cpu-devices", type=int, help="expose the CPU as this many JAX devices (default: JAX's own)")
-    parser.add_argument("--out")
+    parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     if args.cpu_devices is not None:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
-    data = ppl.datasets.load("breast_cancer", seed=0)
-    model = BNN(hidden=(50,), likelihood="bernoulli")
-    M = args.members
-    results = {"jax": jax.__version__, "device": str(jax.devices()[0]), "devices": len(jax.devices()), "members": M,
-               "configs": {}}
-    for label, opts in (
-        ("adam, minibatch 64", dict(optimizer="adam", batch_size=64, steps=2000)),
-        ("lbfgs, full batch", dict(optimizer="lbfgs", steps=2000)),
-    ):
-        first_ens = _timed(lambda: ppl.fit(model, data.train, method="ensemble", seed=0, num_members=M, **opts))
-        first_map = _timed(lambda: ppl.fit(model, data.train, method="map", seed=0, **opts))
-        ensemble, sequential = [], []
-        for r in range(args.repeats):
-            ensemble.append(_timed(lambda: ppl.fit(model, data.train, method="ensemble", seed=r, num_members=M, **opts)))
-            sequential.append(_timed(lambda: [ppl.fit(model, data.train, method="map", seed=r * M + m, **opts) for m in range(M)]))
-        row = {
-            "first_call_ensemble_s": first_ens, "first_call_map_s": first_map,
-            "ensemble_s": float(np.median(ensemble)), "sequential_s": float(np.median(sequential)),
-        }
-        row["ratio"] = row["ensemble_s"] / row["sequential_s"]
-        results["configs"][label] = row
-        print(f"{label:22s} ensemble {row['ensemble_s']:.2f} s   {M} × map {row['sequential_s']:.2f} s   "
-              f"ratio {row['ratio']:.2f}   (first calls {first_ens:.1f} s / {first_map:.1f} s)")
+    result = {"environment": _harness.environment(), **run(args.quick, args.repeats, args.members)}
+    print(_harness.render(result["tables"]))
     if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(results, handle, indent=2)
-    return results
+        _harness.write(result, args.out)
+    return result
 
 
 if __name__ == "__main__":

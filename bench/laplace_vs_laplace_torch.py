@@ -2,6 +2,9 @@
 
     python -m bench.laplace_vs_laplace_torch [--repeats 3] [--out results.json]
 
+It is also part of ``python -m bench.run_all``; where torch or laplace-torch is not installed (they
+are optional, never dependencies of ppl) it reports "not measured" and how to install them.
+
 A BNN (64 → 50 ReLU → 10 softmax, N(0, 1) prior on every weight and bias, i.e. prior precision 1)
 is fitted by ppl's MAP (L-BFGS) on ``digits``; its weights are copied into a torch
 ``nn.Sequential(Linear(64, 50), ReLU(), Linear(50, 10))`` (transposed: torch keeps (out, in)). Both
@@ -12,7 +15,7 @@ whole training set as one batch, in three configurations:
     ppl subset="all",        hessian="kfac"   vs  laplace-torch "all",        "kron"
     ppl subset="all",        hessian="diag"   vs  laplace-torch "all",        "diag"
 
-Everything runs in float64 (``jax_enable_x64`` on, ``torch.set_default_dtype(torch.float64)``),
+Everything runs in float64 (``jax.enable_x64`` around the run, ``torch.set_default_dtype(torch.float64)``),
 so differences are about the methods, not rounding. Reported per configuration:
 
 * agreement of the probit predictive probabilities on the test set (max and mean |Δp|), of the
@@ -74,22 +77,19 @@ missing; that is expected). Then, from /work/main:
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
-jax.config.update("jax_enable_x64", True)
-
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-
-import ppl  # noqa: E402
-from ppl._posterior import _linearized_outputs  # noqa: E402
-from ppl.inference import _curvature as curvature  # noqa: E402
-from ppl.models import BNN  # noqa: E402
+import ppl
+from bench import _harness
+from ppl._posterior import _linearized_outputs
+from ppl.inference import _curvature as curvature
+from ppl.models import BNN
 
 INSTALL = """laplace-torch is not importable in this Python ({exe}): {error}
 
@@ -117,11 +117,10 @@ PRIOR_PRECISION = 1.0
 
 
 def import_torch():
-    try:
-        import torch
-        from laplace import Laplace
-    except ImportError as error:  # torch, laplace or one of their dependencies
-        sys.exit(INSTALL.format(exe=sys.executable, error=error))
+    """(torch, laplace.Laplace); ImportError where torch, laplace-torch or one of their dependencies is missing."""
+    import torch
+    from laplace import Laplace
+
     return torch, Laplace
 
 
@@ -289,76 +288,94 @@ def compare(torch, Laplace, data, model, mp, net, net_homogeneous, batch_size, r
     return results
 
 
-def print_table(results: list, header: dict) -> None:
-    print(f"digits: N_train={header['n_train']}, N_test={header['n_test']}; BNN 64-50(relu)-10, prior precision 1, float64")
-    print(f"ppl MAP by L-BFGS: {header['map_s']:.1f} s (first call); MAP test accuracy {header['map_accuracy']:.4f}; "
-          f"torch {header['torch']}, laplace-torch {header['laplace_torch']}, jax {header['jax']}, "
-          f"{header['threads']} torch threads; repeats={header['repeats']}")
-    print()
-    print(f"{'agreement (test set)':<33} {'params':>6} {'max|dp|':>9} {'mean|dp|':>9} {'max rel dvar':>12} "
-          f"{'med rel dvar':>12} {'max|dlogit|':>11} {'torch batch':>11}")
-    for r in results:
-        print(f"{r['config']:<33} {r['ppl']['num_free']:>6} {r['probs_max_abs_diff']:9.2e} {r['probs_mean_abs_diff']:9.2e} "
-              f"{r['variance_max_rel_diff']:12.2e} {r['variance_median_rel_diff']:12.2e} "
-              f"{r['map_logits_max_abs_diff']:11.2e} {r['laplace_torch']['batch_size']:>11}")
-    print("dp: probit probabilities; dvar: diag(J Σ Jᵀ) of the logits, relative; dlogit: MAP logits (weight copy)")
-    print()
-    print(f"{'seconds':<20} {'ppl fit':>8} {'ppl pred':>9} {'ppl fit':>8} {'ppl pred':>9} "
-          f"{'torch fit':>10} {'torch pred':>11} {'ppl warm / torch':>17}")
-    print(f"{'':<20} {'first':>8} {'first':>9} {'warm':>8} {'warm':>9} {'median':>10} {'median':>11} "
-          f"{'(fit + predict)':>17}")
-    for r in results:
-        t = r.get("time_s")
-        if t is None:
-            continue
-        print(f"{r['config']:<20} {t['ppl_fit_first']:8.2f} {t['ppl_predict_first']:9.3f} {t['ppl_fit_warm']:8.2f} "
-              f"{t['ppl_predict_warm']:9.3f} {t['torch_fit']:10.3f} "
-              f"{t['torch_predict']:11.3f} {t['ratio_warm_fit_plus_predict']:17.2f}")
-    for r in results:
-        for f in r.get("kfac_factors", []):
-            print(f"K-FAC layer {f['layer']}: ppl Ã[:in,:in] vs torch A rel diff {f['A_rel_diff']:.1e}; G vs B "
-                  f"{f['G_rel_diff']:.1e}; bias block {f['bias_block_rel_diff']:.1e}; weight-bias cross block "
-                  f"mean(a) (ppl only) max {f['cross_block_max_abs_mean_input']:.3g}, A diag max {f['A_diag_max']:.3g}")
+def tables(results: list, header: dict) -> list:
+    setup = (f"digits: {header['n_train']} training and {header['n_test']} test rows; BNN 64-50(relu)-10, prior "
+             f"precision 1, float64; ppl MAP by L-BFGS {header['map_s']:.1f} s (first call), test accuracy "
+             f"{header['map_accuracy']:.4f}; torch {header['torch']}, laplace-torch {header['laplace_torch']}, "
+             f"{header['threads']} torch threads")
+    agree = _harness.table(
+        f"agreement on the test set ({setup}; dp: probit probabilities, dvar: diag(J Σ Jᵀ) of the logits, "
+        "relative, dlogit: MAP logits, a check of the weight copy)",
+        ["configuration", "params", "max |dp|", "mean |dp|", "max rel dvar", "median rel dvar", "max |dlogit|",
+         "torch batch"],
+        [[r["config"], r["ppl"]["num_free"], r["probs_max_abs_diff"], r["probs_mean_abs_diff"],
+          r["variance_max_rel_diff"], r["variance_median_rel_diff"], r["map_logits_max_abs_diff"],
+          r["laplace_torch"]["batch_size"]] for r in results])
+    times = _harness.table(
+        f"seconds: ppl's first call (compilation included) and median of {header['repeats']} warm calls; "
+        "laplace-torch's median of as many calls; ratio of ppl warm to laplace-torch, fit + predict",
+        ["configuration", "ppl fit first", "ppl predict first", "ppl fit warm", "ppl predict warm", "torch fit",
+         "torch predict", "ratio"],
+        [[r["config"], t["ppl_fit_first"], t["ppl_predict_first"], t["ppl_fit_warm"], t["ppl_predict_warm"],
+          t["torch_fit"], t["torch_predict"], t["ratio_warm_fit_plus_predict"]]
+         for r in results if (t := r.get("time_s")) is not None])
+    factors = _harness.table(
+        "K-FAC factors per layer, relative differences: ppl's Ã[:in, :in] against laplace-torch's A, G against B, "
+        "the bias blocks; the weight-bias cross block mean(a) that ppl keeps and laplace-torch drops",
+        ["layer", "A", "G", "bias block", "max |mean(a)|", "max A diagonal"],
+        [[f["layer"], f["A_rel_diff"], f["G_rel_diff"], f["bias_block_rel_diff"],
+          f["cross_block_max_abs_mean_input"], f["A_diag_max"]] for r in results for f in r.get("kfac_factors", [])])
+    return [agree, times, factors]
 
 
-def main() -> None:
+def not_measured(error: Exception) -> dict:
+    """The suite's result where torch or laplace-torch cannot be imported."""
+    note = (f"not measured: laplace-torch not installed ({type(error).__name__}: {error}); it is optional, "
+            "see bench/laplace_vs_laplace_torch.py for the install commands (pip install torch==2.13.0 and "
+            "pip install --no-deps laplace-torch==0.3 with its small dependencies, in a separate virtualenv)")
+    return {"name": "laplace_vs_laplace_torch", "skipped": str(error),
+            "tables": [_harness.table(note, ["reason"], [[f"{type(error).__name__}: {error}"]])]}
+
+
+def run(quick: bool = False, repeats: int = 3, batch_size: int = 128) -> dict:
+    """The comparison in float64 (JAX's x64 switched on for its duration only); ``quick`` is the
+    same comparison (it takes about a minute)."""
+    try:
+        torch, Laplace = import_torch()
+        import laplace
+    except ImportError as error:
+        return not_measured(error)
+    with jax.enable_x64(True):
+        torch.set_default_dtype(torch.float64)
+        torch.manual_seed(0)
+        data = ppl.datasets.load("digits", seed=0)
+        model = BNN(hidden=(50,), activation="relu", likelihood="categorical", prior_scale=1.0)
+        mp, map_s = timed(lambda: ppl.fit(model, data.train, method="map", seed=0, progress_bar=False))
+        net = torch_mlp(torch, mp.draws)
+        map_pred = mp.predict(data.test.X, seed=1, mode="mc")
+        header = {
+            "n_train": int(len(data.train.y)), "n_test": int(len(data.test.y)), "map_s": map_s,
+            "map_accuracy": float((np.asarray(map_pred.probs).argmax(1) == data.test.y).mean()),
+            "torch": torch.__version__, "laplace_torch": getattr(laplace, "__version__", "0.3"),
+            "jax": jax.__version__, "threads": torch.get_num_threads(), "repeats": repeats,
+            "torch_batch_size_full_diag": batch_size, "dtype": "float64", "prior_precision": PRIOR_PRECISION,
+        }
+        # the prior the ppl model carries must be the one laplace-torch is given
+        prior_diag = np.asarray(curvature.prior_precision_diagonal(mp.problem, jnp.asarray(mp.approximation.loc)))
+        if not np.allclose(prior_diag, PRIOR_PRECISION):
+            raise ValueError(f"ppl's prior precision is not {PRIOR_PRECISION} everywhere: {np.unique(prior_diag)}")
+        net_homogeneous = torch_mlp_homogeneous(torch, mp.draws)
+        results = compare(torch, Laplace, data, model, mp, net, net_homogeneous, batch_size, repeats)
+    return {"name": "laplace_vs_laplace_torch", "setup": header, "results": results,
+            "tables": tables(results, header)}
+
+
+def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="warm repeats (median) per timing, >= 3 recommended")
     parser.add_argument("--batch-size", type=int, default=128,
                         help="laplace-torch's batch for full and diag (exact sums); kron always takes the whole set")
-    parser.add_argument("--out", default=None, help="write the results as JSON here (default: print only)")
-    args = parser.parse_args()
-    torch, Laplace = import_torch()
-    import laplace
-
-    torch.set_default_dtype(torch.float64)
-    torch.manual_seed(0)
-
-    data = ppl.datasets.load("digits", seed=0)
-    model = BNN(hidden=(50,), activation="relu", likelihood="categorical", prior_scale=1.0)
-    mp, map_s = timed(lambda: ppl.fit(model, data.train, method="map", seed=0))
-    net = torch_mlp(torch, mp.draws)
-    map_pred = mp.predict(data.test.X, seed=1, mode="mc")
-    header = {
-        "n_train": int(len(data.train.y)), "n_test": int(len(data.test.y)), "map_s": map_s,
-        "map_accuracy": float((np.asarray(map_pred.probs).argmax(1) == data.test.y).mean()),
-        "torch": torch.__version__, "laplace_torch": getattr(laplace, "__version__", "0.3"),
-        "jax": jax.__version__, "threads": torch.get_num_threads(), "repeats": args.repeats,
-        "torch_batch_size_full_diag": args.batch_size,
-        "dtype": "float64", "prior_precision": PRIOR_PRECISION,
-    }
-    # the prior the ppl model carries must be the one laplace-torch is given
-    prior_diag = np.asarray(curvature.prior_precision_diagonal(mp.problem, jnp.asarray(mp.approximation.loc)))
-    if not np.allclose(prior_diag, PRIOR_PRECISION):
-        sys.exit(f"ppl's prior precision is not {PRIOR_PRECISION} everywhere: {np.unique(prior_diag)}")
-
-    net_homogeneous = torch_mlp_homogeneous(torch, mp.draws)
-    results = compare(torch, Laplace, data, model, mp, net, net_homogeneous, args.batch_size, args.repeats)
-    print_table(results, header)
+    parser.add_argument("--out", default=None, help="write the result as JSON here (default: print only)")
+    args = parser.parse_args(argv)
+    try:
+        import_torch()
+    except ImportError as error:
+        sys.exit(INSTALL.format(exe=sys.executable, error=error))
+    result = {"environment": _harness.environment(), **run(False, args.repeats, args.batch_size)}
+    print(_harness.render(result["tables"]))
     if args.out:
-        with open(args.out, "w") as fh:
-            json.dump({"setup": header, "results": results}, fh, indent=2)
-        print(f"wrote {args.out}")
+        print(f"written {_harness.write(result, args.out)}")
+    return result
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import time
 
 from bench import _harness
 
-SUITE = ("overhead", "hardware")
+SUITE = ("overhead", "hardware", "scaling", "ensemble_vs_sequential", "nuts_vs_numpyro", "laplace_vs_laplace_torch", "at_scale")
 
 
 def main(argv=None) -> dict:
