@@ -132,3 +132,13 @@ def write(result: dict, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2, default=float))
     return path
+
+
+def report(measured: dict, out: str | os.PathLike | None = None) -> dict:
+    """A benchmark's ``main`` ending: ``measured`` (its ``run`` result) with the environment,
+    printed as tables and, with ``out``, written as JSON."""
+    result = {"environment": environment(), **measured}
+    print(render(result["tables"]))
+    if out:
+        print(f"written {write(result, out)}")
+    return result

@@ -86,11 +86,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="20,000 inputs instead of 100,000")
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
-    result = {"environment": _harness.environment(), **run(args.quick)}
-    print(_harness.render(result["tables"]))
-    if args.out:
-        _harness.write(result, args.out)
-    return result
+    return _harness.report(run(args.quick), args.out)
 
 
 if __name__ == "__main__":

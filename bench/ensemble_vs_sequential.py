@@ -63,11 +63,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     if args.cpu_devices is not None:
         jax.config.update("jax_num_cpu_devices", args.cpu_devices)
-    result = {"environment": _harness.environment(), **run(args.quick, args.repeats, args.members)}
-    print(_harness.render(result["tables"]))
-    if args.out:
-        _harness.write(result, args.out)
-    return result
+    return _harness.report(run(args.quick, args.repeats, args.members), args.out)
 
 
 if __name__ == "__main__":

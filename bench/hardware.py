@@ -79,12 +79,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
     batches = None if args.batches is None else tuple(None if b == "full" else int(b) for b in args.batches)
-    result = {"environment": _harness.environment(),
-              **run(args.quick, args.repeats, tuple(args.methods), args.widths and tuple(args.widths), batches)}
-    print(_harness.render(result["tables"]))
-    if args.out:
-        _harness.write(result, args.out)
-    return result
+    widths = args.widths and tuple(args.widths)
+    return _harness.report(run(args.quick, args.repeats, tuple(args.methods), widths, batches), args.out)
 
 
 if __name__ == "__main__":

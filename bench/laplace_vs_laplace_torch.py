@@ -371,11 +371,7 @@ def main(argv=None) -> dict:
         import_torch()
     except ImportError as error:
         sys.exit(INSTALL.format(exe=sys.executable, error=error))
-    result = {"environment": _harness.environment(), **run(False, args.repeats, args.batch_size)}
-    print(_harness.render(result["tables"]))
-    if args.out:
-        print(f"written {_harness.write(result, args.out)}")
-    return result
+    return _harness.report(run(False, args.repeats, args.batch_size), args.out)
 
 
 if __name__ == "__main__":

@@ -255,11 +255,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", help="write the result as JSON here")
     args = parser.parse_args(argv)
-    result = {"environment": _harness.environment(), **run(args.quick, args.repeats)}
-    print(_harness.render(result["tables"]))
-    if args.out:
-        _harness.write(result, args.out)
-    return result
+    return _harness.report(run(args.quick, args.repeats), args.out)
 
 
 if __name__ == "__main__":
