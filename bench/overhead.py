@@ -16,8 +16,9 @@ The model is a BNN with one hidden layer of 16 tanh units on breast_cancer (455 
   of the same 20 draws at different thinning (the diagnostics then cost the same). The peer is
   BlackJAX's ``sgld`` kernel on its own gradient estimator, the chains vmapped, in a jitted scan; and the same in dense whitened coordinates, as
   ppl runs its chains (two P × P products per step beside the gradient).
-- ``nuts``: 4 sequential chains of 500 warmup and 1000 draws, NumPyro's kernel in both. Compared:
-  the whole run's wall time and the minimum bulk ESS per second over function values.
+- ``nuts`` and ``hmc``: 4 sequential chains of 500 warmup and 1000 draws, NumPyro's kernel in
+  both (HMC with ppl's trajectory length π/2 given to NumPyro as well). Compared: the whole
+  run's wall time and the minimum bulk ESS per second over function values.
 
 For ppl the per-step time is the difference between two warm fits of different lengths over their
 difference in steps (sized so the difference takes about 3 s), so that what a fit does once
@@ -202,38 +203,38 @@ def sgld_row(steps: int, repeats: int) -> list:
     ]
 
 
-def nuts_row(repeats: int) -> list:
+def mcmc_row(method: str, repeats: int) -> list:
+    """``nuts`` or ``hmc``: whole runs of 4 sequential chains against NumPyro's ``MCMC`` with the
+    same kernel and settings (HMC: ppl's trajectory length π/2 given to NumPyro too)."""
+    import math
+
+    from numpyro.infer import HMC as NumPyroHMC
     from numpyro.infer import MCMC
     from numpyro.infer import NUTS as NumPyroNUTS
 
-    from ppl.diagnostics import _arviz
+    from bench.nuts_vs_numpyro import function_ess
 
     data, model, X, y = _problem()
     probe = X[:64]
-
-    def function_ess(draws):
-        chains, num = next(iter(draws.values())).shape[:2]
-        flat = {k: v.reshape(chains * num, *v.shape[2:]) for k, v in draws.items()}
-        f = jax.vmap(lambda p: model.apply(p, probe))(flat)
-        return float(_arviz.ess(np.asarray(f).reshape(chains, num, -1), "bulk").min())
-
+    kernel = (lambda: NumPyroNUTS(model)) if method == "nuts" else (
+        lambda: NumPyroHMC(model, trajectory_length=math.pi / 2))
     ppl_times, peer_times, ppl_ess, peer_ess = [], [], [], []
     for r in range(repeats):
         start = time.perf_counter()
-        post = ppl.fit(model, data.train, method="nuts", seed=r, num_warmup=500, num_samples=1000, num_chains=4,
+        post = ppl.fit(model, data.train, method=method, seed=r, num_warmup=500, num_samples=1000, num_chains=4,
                        progress_bar=False)
         ppl_times.append(time.perf_counter() - start)
-        ppl_ess.append(function_ess(post.draws))
+        ppl_ess.append(function_ess(model, post.draws, probe)[0])
         start = time.perf_counter()
-        mcmc = MCMC(NumPyroNUTS(model), num_warmup=500, num_samples=1000, num_chains=4, chain_method="sequential",
+        mcmc = MCMC(kernel(), num_warmup=500, num_samples=1000, num_chains=4, chain_method="sequential",
                     progress_bar=False)
         mcmc.run(jax.random.PRNGKey(r), X, y)
         peer_times.append(time.perf_counter() - start)
         samples = mcmc.get_samples(group_by_chain=True)
-        peer_ess.append(function_ess({k: np.asarray(v) for k, v in samples.items() if k != "y"}))
+        peer_ess.append(function_ess(model, {k: np.asarray(v) for k, v in samples.items() if k != "y"}, probe)[0])
     a, b = float(np.median(ppl_times)), float(np.median(peer_times))
     rate_a, rate_b = float(np.median(np.divide(ppl_ess, ppl_times))), float(np.median(np.divide(peer_ess, peer_times)))
-    return ["nuts (whole run, s)", "NumPyro MCMC(NUTS)", a, b, a / b, None, None,
+    return [f"{method} (whole run, s)", f"NumPyro MCMC({method.upper()})", a, b, a / b, None, None,
             f"ESS/s {rate_a:.0f} / {rate_b:.0f}"]
 
 
@@ -241,7 +242,7 @@ def run(quick: bool = False, repeats: int = 3) -> dict:
     steps = 500 if quick else 2000
     rows = [svi_row(steps, repeats), map_row(steps, repeats), *sgld_row(steps, repeats)]
     if not quick:
-        rows.append(nuts_row(repeats))
+        rows.extend(mcmc_row(method, repeats) for method in ("nuts", "hmc"))
     columns = ["method", "peer", "ppl ms/step", "peer ms/step", "ratio", "ppl compile s", "peer compile s",
                "loss or ESS (ppl / peer)"]
     title = (f"per-step cost against hand-written peers (BNN 30-{HIDDEN}-1 on breast_cancer, float32, "
