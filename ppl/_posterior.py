@@ -195,16 +195,27 @@ def _by_rows(compute, X, per_row: int, axes: tuple):
     )
 
 
+def _row_blocks(n: int, rows: int):
+    """(row indices, rows that count) for blocks of ``rows`` consecutive rows out of ``n``; the last
+    block repeats the final row up to the common size, so one compiled shape serves every block."""
+    rows = max(1, min(int(rows), n))
+    for start in range(0, n, rows):
+        yield jnp.minimum(jnp.arange(start, start + rows), n - 1), min(rows, n - start)
+
+
 def _summaries_by_rows(problem, flat, X, task: str, noise_axis) -> Prediction:
     """The Monte Carlo predictive's per-input summaries, chunk of rows by chunk: each chunk's
     per-draw outputs (at most ``PREDICT_CHUNK_BYTES``) are reduced before the next is computed."""
     outputs = problem.model.output_dim()
-    rows = max(1, BLOCK_BYTES // max(1, flat.shape[0] * max(outputs, 2) * 8))
+    rows = BLOCK_BYTES // max(1, flat.shape[0] * max(outputs, 2) * 8)
     names = ("mean", "variance", "epistemic_variance", "aleatoric_variance") if task == "regression" else (
         "probs", "log_probs", "entropy", "aleatoric", "epistemic")
     parts = {name: [] for name in names}
-    for start in range(0, X.shape[0], rows):
-        f, noise = jax.device_get(_outputs_many(problem, flat, X[start : start + rows]))
+    for index, count in _row_blocks(X.shape[0], rows):
+        f, noise = jax.device_get(_outputs_many(problem, flat, X[index]))
+        f = np.asarray(f)[:, :count]
+        if noise_axis is not None:
+            noise = np.asarray(noise)[:, :count]
         if task == "regression":
             part = _regression(np.asarray(f), np.asarray(noise))
         else:
@@ -494,11 +505,9 @@ class Posterior:
             yield self.pointwise_log_likelihood().reshape(total, -1)
             return
         flat = self._flat()
-        for start in range(0, n, rows):
-            # The last block repeats the final row up to the common size: one compiled shape.
-            index = jnp.minimum(jnp.arange(start, start + rows), n - 1)
+        for index, count in _row_blocks(n, rows):
             block = _loglik_rows(self.problem, flat, self.problem.batch(index))
-            yield np.asarray(block, dtype=np.float64)[:, : min(rows, n - start)]
+            yield np.asarray(block, dtype=np.float64)[:, :count]
 
     def observed_data(self) -> dict:
         """Observed site values on the training data (dict name -> array), for the ArviZ export."""
@@ -545,15 +554,24 @@ class Posterior:
         the predictive mean for regression."""
         self._attached("function draws")
         self.problem._require_declarative("function draws at new inputs")
-        X = jnp.asarray(validate_inputs(X, any_rank=getattr(self.problem.model, "accepts_array_inputs", False)),
-                        dtype=self.problem.data[0].dtype)
+        X = self._new_inputs(X)
         flat = self._flat()
-        total = flat.shape[0]
         width = max(1, self.problem.model.output_dim())
-        rows = max(1, int(max_bytes) // (total * width * 8))
-        for start in range(0, X.shape[0], rows):
-            f = np.asarray(jax.device_get(_outputs_many(self.problem, flat, X[start : start + rows])[0]))
-            yield f.reshape(self.num_chains, self.num_draws, f.shape[1], -1)
+        for index, count in _row_blocks(X.shape[0], int(max_bytes) // (flat.shape[0] * width * 8)):
+            f = np.asarray(jax.device_get(_outputs_many(self.problem, flat, X[index])[0]))[:, :count]
+            yield f.reshape(self.num_chains, self.num_draws, count, -1)
+
+    def _new_inputs(self, X) -> jax.Array:
+        """``X`` checked against the training inputs' per-row shape, in their dtype."""
+        any_rank = getattr(self.problem.model, "accepts_array_inputs", False)
+        X = jnp.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
+        if X.shape[1:] != self.problem.data[0].shape[1:]:
+            what = "features" if X.ndim == 2 else "as its per-row shape"
+            raise OptionError(
+                f"X has {X.shape[1:] if X.ndim > 2 else X.shape[1]} {what} but the model was fitted on "
+                f"{self.problem.data[0].shape[1:] if X.ndim > 2 else self.problem.data[0].shape[1]}"
+            )
+        return X
 
     # -- prediction --------------------------------------------------------------------------------
     def predict(self, X, *, seed, num_samples: int | None = None, mode: str = "mc", keep_draws: bool = True) -> Prediction:
@@ -602,14 +620,7 @@ class Posterior:
                 "predict needs a declarative model from ppl.models; for a plain NumPyro function use "
                 "numpyro.infer.Predictive(model, posterior_samples=post.sample(n, seed=...))"
             )
-        any_rank = getattr(self.problem.model, "accepts_array_inputs", False)
-        X = jnp.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
-        if X.shape[1:] != self.problem.data[0].shape[1:]:
-            what = "features" if X.ndim == 2 else "as its per-row shape"
-            raise OptionError(
-                f"X has {X.shape[1:] if X.ndim > 2 else X.shape[1]} {what} but the model was fitted on "
-                f"{self.problem.data[0].shape[1:] if X.ndim > 2 else self.problem.data[0].shape[1]}"
-            )
+        X = self._new_inputs(X)
         key = as_key(seed)
         gaussian = self.has_density and (
             hasattr(self.approximation, "output_covariance") or hasattr(self.approximation, "components")

@@ -115,3 +115,8 @@ def test_average_ranks_are_scipys():
     rng = np.random.default_rng(1)
     for rows in (rng.standard_normal((5, 40)), rng.integers(0, 3, (6, 30)).astype(float), np.ones((2, 9))):
         np.testing.assert_array_equal(_arviz._average_ranks(rows), scipy.stats.rankdata(rows, method="average", axis=-1))
+
+
+def test_function_rhat_refuses_inputs_of_the_wrong_width(chains, cancer):
+    with pytest.raises(ppl.OptionError, match="X has 3 features but the model was fitted on 30"):
+        function_rhat(chains, cancer.test.X[:, :3])
