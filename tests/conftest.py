@@ -68,3 +68,21 @@ def linear_model():
 def linear_truth(linear_data):
     X, y = linear_data.train
     return closed_form(np.asarray(X), np.asarray(y, dtype=float))
+
+
+@pytest.fixture
+def load_example():
+    """load_example(name) -> the module examples/<name>.py, loaded from its file (the examples
+    folder is not part of the installed package)."""
+    import importlib.util
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "examples"
+
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    return load

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow  # about 2 minutes
-def test_method_comparison_measures_every_method_against_the_reference(tmp_path):
-    example = _load("method_comparison")
+def test_method_comparison_measures_every_method_against_the_reference(tmp_path, load_example):
+    example = load_example("method_comparison")
     outcome = example.main(["--out", str(tmp_path), "--quick"])
     entries = {e["method"]: e for e in outcome["entries"]}
     assert set(entries) == {"nuts", "nuts (second run)", *example.QUICK_METHODS}

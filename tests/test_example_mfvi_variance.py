@@ -9,25 +9,14 @@ measured margin is stated beside it.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow  # about 1.5 minutes
-def test_mfvi_variance_claims_hold_on_the_quick_instance(tmp_path):
-    example = _load("mfvi_variance")
+def test_mfvi_variance_claims_hold_on_the_quick_instance(tmp_path, load_example):
+    example = load_example("mfvi_variance")
     result = example.main(["--out", str(tmp_path), "--quick"])
     one = result["identities"]
 

@@ -3,24 +3,13 @@ asserted on its small instance (--quick)."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import pytest
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
-
-
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.slow  # about a minute on 2 CPU cores
-def test_mola_digits_last_layer_gaussians_bound_the_confidence_map_does_not(tmp_path):
-    example = _load("mola_digits")
+def test_mola_digits_last_layer_gaussians_bound_the_confidence_map_does_not(tmp_path, load_example):
+    example = load_example("mola_digits")
     out = example.main(["--out", str(tmp_path), "--quick"])
     rows = out["rows"]
     far = {label: r["confidence"][-1] for label, r in rows.items()}  # at δ = 1e4

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -11,16 +10,10 @@ import pytest
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
 
 @pytest.mark.extended  # about 2 minutes; beyond CI's 90 minutes with the rest: pytest -m extended (README)
-def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_path):
-    example = _load("logistic_2d")
+def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_path, load_example):
+    example = load_example("logistic_2d")
     runs = example.main(["--out", str(tmp_path)])
     conf = {label: example.far_point_confidence(run["post"], run["mode"]) for label, run in runs.items()}
     # measured: MAP 0.935, Laplace 0.816, Metropolis 0.825 — the plug-in MAP is surer outside the data
@@ -33,3 +26,18 @@ def test_logistic_2d_laplace_and_metropolis_keep_the_uncertainty_map_drops(tmp_p
     table = (tmp_path / "logistic_2d_table.md").read_text()
     assert table.count("\n|") == 4 and "nan" not in table
     assert np.isfinite(runs["Metropolis"]["post"].diagnostics().rhat_max)
+
+
+def test_the_examples_index_lists_every_example_with_its_page_and_runtime():
+    """docs/examples/index.md names every script in examples/, with a page that exists and a runtime."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    index = (docs / "examples" / "index.md").read_text()
+    rows = [line for line in index.splitlines() if line.startswith("| `python -m examples.")]
+    listed = {line.split("`python -m examples.")[1].split()[0].rstrip("`") for line in rows}
+    scripts = {p.stem for p in EXAMPLES.glob("*.py") if p.stem != "__init__"}
+    assert listed == scripts
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        page = cells[1].split("](")[1].rstrip(")")
+        assert (docs / "examples" / page).resolve().exists(), page
+        assert any(ch.isdigit() for ch in cells[2]), f"no runtime in: {line}"
