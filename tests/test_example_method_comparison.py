@@ -22,7 +22,6 @@ def test_method_comparison_measures_every_method_against_the_reference(tmp_path,
         assert entries[method]["total_variation"] > 3 * floor["total_variation"]
         assert 0.9 < entries[method]["agreement"] <= 1.0
         assert math.isfinite(entries[method]["nll"]) and entries[method]["cost"] > 0
-    assert entries["map"]["cost"] == 1.0
     # the mean-field Gaussian's k-hat says it is not the posterior (measured 2.05)
     assert entries["svi"]["khat"] > 0.7
     assert (tmp_path / "method_comparison.png").stat().st_size > 10_000

@@ -24,15 +24,18 @@ def test_mfvi_variance_claims_hold_on_the_quick_instance(tmp_path, load_example)
     np.testing.assert_allclose(one["d_harmonic"], one["d_closed"], rtol=1e-8)
     assert np.all(one["d_closed"] < one["sigma_pp"])
     np.testing.assert_allclose(one["d_fit"], one["d_closed"], rtol=0.10)
-    assert one["trace_closed"] == pytest.approx(8.0, rel=1e-9)
-    assert one["trace_fit"] == pytest.approx(8.0, rel=0.05)  # measured 7.999
+    # Tr(Σ⁻¹S*) = P with ppl's Σ and svi's variances (the closed form is P by construction):
+    # each term is svi/closed for one coordinate, so the mean's sd is 2.5%/√8 ≈ 0.9%; 5% is five sds
+    assert one["trace_fit"] == pytest.approx(8.0, rel=0.05)  # measured 7.992 (seed 1: 7.927)
 
     # 2. training-distribution inputs: MFVI over; isotropic: under; first PC: over (fit and closed form)
     for ratios in (one["ratios_closed"], one["ratios_fit"]):
         assert ratios["train"] > 1.0 + 0.02  # measured 1.075
         assert ratios["isotropic"] < 0.5  # measured 0.24
         assert ratios["pc1"] > 2.0  # measured 6.3
-    for key, tolerance in (("train", 0.01), ("isotropic", 0.05), ("pc1", 0.05)):
+    # each fitted ratio is a weighted mean of svi's per-coordinate errors (sd 2.5%) over 8
+    # coordinates: sd about 0.9%, so 4% is four sds (measured 0.1–0.9% on seeds 0 and 1)
+    for key, tolerance in (("train", 0.04), ("isotropic", 0.04), ("pc1", 0.04)):
         assert one["ratios_fit"][key] == pytest.approx(one["ratios_closed"][key], rel=tolerance)
     # the gap grows with the inputs' correlation (at α = 1) and with the prior's weight (ρ = 0.9)
     grid = result["grid"]
