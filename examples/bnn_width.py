@@ -31,13 +31,13 @@ over the training range, the gap and beyond; and the ratio MFVI/NUTS of the epis
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
 from ppl.models import BNN
 from ppl.models.priors import ByName, FanIn, Isotropic
 
@@ -259,14 +259,9 @@ def figure(results: dict, data, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/bnn_width")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a small instance (shorter runs), for the tests")
-    args = parser.parse_args(argv)
+    args = parse(parser(__doc__, "bnn_width", quick="a small instance (shorter runs), for the tests"), argv)
     start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     data = ppl.datasets.load("sinusoid", seed=args.seed)
     runs = fit_all(data, args.seed, QUICK if args.quick else FULL)
     results = measure(runs, data, args.seed)

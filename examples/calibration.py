@@ -16,11 +16,11 @@ Every number printed is measured in this run.
 
 from __future__ import annotations
 
-import argparse
 
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
 from ppl.models import BNN, LinearRegression, LogisticRegression
 
 
@@ -112,9 +112,7 @@ def small_validation_split(seed: int) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = parse(parser(__doc__, "calibration", out=False), argv)
     return {
         "digits": digits(args.seed),
         "heavy_tailed": heavy_tailed_regression(args.seed),

@@ -15,13 +15,13 @@ every number measured in this run) to ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
 from ppl.models import LogisticRegression
 
 GRID = 120
@@ -111,12 +111,8 @@ def figure(runs: dict, train, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/logistic_2d")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    args = parse(parser(__doc__, "logistic_2d"), argv)
+    out = args.out
     train, test = make_data(seed=args.seed)
     runs = fit_all(train, args.seed)
     text = table(runs, test)

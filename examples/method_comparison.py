@@ -25,13 +25,13 @@ five methods) for the tests.
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
 from ppl.diagnostics import metrics as M
 from ppl.models import BNN
 
@@ -186,14 +186,9 @@ def figure(entries: list[dict], path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/method_comparison")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a shorter reference and five methods (for the tests)")
-    args = parser.parse_args(argv)
+    args = parse(parser(__doc__, "method_comparison", quick="a shorter reference and five methods (for the tests)"), argv)
     start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     outcome = run(args.seed, args.quick)
     entries = rows(outcome)
     text = table(outcome, entries)

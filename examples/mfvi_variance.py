@@ -34,7 +34,6 @@ closed forms are compared with the fits to more digits than float32 holds.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
@@ -43,6 +42,8 @@ import jax
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
+from ppl.datasets import UCI_FOLDERS
 from ppl.inference.exact import NotPositiveDefiniteError
 from ppl.models import LinearRegression
 
@@ -435,18 +436,14 @@ def figures(one, grid, rank1, cold, uci, out: Path) -> list:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/mfvi_variance")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a small instance of every part (for the tests)")
-    parser.add_argument("--uci", default="concrete", help="the UCI set of part 5")
-    parser.add_argument("--uci-root", default=os.environ.get("PPL_DATA_DIR", str(UCI_ROOT)),
+    cli = parser(__doc__, "mfvi_variance", quick="a small instance of every part (for the tests)")
+    cli.add_argument("--uci", default="concrete", choices=sorted(UCI_FOLDERS), help="the UCI set of part 5")
+    cli.add_argument("--uci-root", default=os.environ.get("PPL_DATA_DIR", str(UCI_ROOT)),
                         help="the folder holding the UCI sets (default: $PPL_DATA_DIR or the shared data folder)")
-    args = parser.parse_args(argv)
+    args = parse(cli, argv)
     jax.config.update("jax_enable_x64", True)
     start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     rng = np.random.default_rng(args.seed)
     one = part_identities(rng, args.seed)
     grid = part_gap_grid(rng, args.quick)

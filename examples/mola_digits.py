@@ -34,13 +34,13 @@ with every option at its default. The script prints its total wall time at the e
 
 from __future__ import annotations
 
-import argparse
 import time
 from pathlib import Path
 
 import numpy as np
 
 import ppl
+from examples._cli import parse, parser
 from ppl.diagnostics import metrics as M
 from ppl.models import BNN
 
@@ -252,14 +252,9 @@ def confidence_figure(rows: dict, path: Path) -> None:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="runs/mola_digits")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--quick", action="store_true", help="a small instance (for the test)")
-    args = parser.parse_args(argv)
+    args = parse(parser(__doc__, "mola_digits", quick="a small instance (for the test)"), argv)
     start = time.perf_counter()
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = args.out
     data = ppl.datasets.load("rotated_digits", seed=args.seed)
     model, result, posteriors = fit_all(data, args.seed, args.quick)
     rows = score(result, posteriors, data, args.seed)

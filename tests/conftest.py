@@ -72,17 +72,13 @@ def linear_truth(linear_data):
 
 @pytest.fixture
 def load_example():
-    """load_example(name) -> the module examples/<name>.py, loaded from its file (the examples
-    folder is not part of the installed package)."""
-    import importlib.util
+    """load_example(name) -> the module ``examples.<name>`` (the examples folder is not part of the
+    installed package; it is imported from the repository root, as ``python -m examples.NAME`` runs it)."""
+    import importlib
+    import sys
     from pathlib import Path
 
-    folder = Path(__file__).resolve().parents[1] / "examples"
-
-    def load(name: str):
-        spec = importlib.util.spec_from_file_location(name, folder / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
+    root = str(Path(__file__).resolve().parents[1])
+    if root not in sys.path:
+        sys.path.insert(0, root)
+    return lambda name: importlib.import_module(f"examples.{name}")
