@@ -34,7 +34,7 @@ from jax.scipy.linalg import solve_triangular
 
 __all__ = [
     "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "PrecisionLowRank", "Subset", "Mixture",
-    "PointMass", "from_arrays", "draw",
+    "PointMass", "from_arrays", "draw", "stored_draws_mismatch",
 ]
 
 _LOG_2PI = math.log(2.0 * math.pi)
@@ -562,6 +562,54 @@ class Mixture:
 def draw(family, key, num: int):
     """``num`` draws from any family (compiled once per family layout and ``num``)."""
     return family.sample(key, num)
+
+
+@jax.jit
+def _log_q(family, x):
+    return family.log_prob(x)
+
+
+STORED_DRAWS_SIGMAS = 8.0  # how far the stored draws' mean log q may sit from fresh draws' (in standard errors)
+
+
+def stored_draws_mismatch(family, flat) -> str | None:
+    """Why ``flat`` (…, P) cannot be draws of ``family``, or None where they can be.
+
+    A run saves its approximation q and draws from it. Their agreement is checked on load, so draws
+    edited apart from q (shifted, rescaled, swapped for another run's) are refused rather than
+    predicted with: a point's draws must be its location; a density's draws must lie in its support
+    (a subset Gaussian holds its other coordinates at the mean), and the mean of log q over them
+    must match the mean over fresh draws of q within ``STORED_DRAWS_SIGMAS`` standard errors (both
+    are averages of independent copies of one variable; for a Gaussian this is the χ² test of
+    the whitened draws), plus a relative 1e-4 for rounding in float32.
+    """
+    x = np.asarray(flat).reshape(-1, np.shape(flat)[-1])
+    loc = getattr(family, "loc", None)
+    if isinstance(family, PointMass):
+        if not np.allclose(x, np.asarray(loc), rtol=1e-6, atol=0.0):
+            return "the draws of a point estimate differ from its stored location"
+        return None
+    if isinstance(family, Gaussian) and family.active_index is not None:
+        fixed = np.ones(x.shape[1], bool)
+        fixed[np.asarray(family.active_index)] = False
+        if not np.array_equal(x[:, fixed], np.broadcast_to(np.asarray(loc)[fixed], (x.shape[0], int(fixed.sum())))):
+            return "the draws move coordinates that the approximation holds at its mean"
+    count = max(1000, x.shape[0])
+    fresh = np.asarray(_log_q(family, draw(family, jax.random.key(0), count)), dtype=np.float64)
+    if not np.all(np.isfinite(fresh)):
+        # q's density is not finite even at its own draws (a covariance too ill-conditioned for the
+        # precision it was computed in): nothing to compare with, and its k-hat fails the run anyway
+        return None
+    stored = np.asarray(_log_q(family, jnp.asarray(x)), dtype=np.float64)
+    outside = int(np.sum(~np.isfinite(stored)))
+    if outside:
+        return f"{outside} of {stored.size} draw(s) have log q = -inf or NaN: they are not draws of the approximation"
+    error = math.sqrt(float(np.var(fresh)) * (1.0 / stored.size + 1.0 / fresh.size))
+    gap = float(np.mean(stored) - np.mean(fresh))
+    if abs(gap) > STORED_DRAWS_SIGMAS * error + 1e-4 * (1.0 + abs(float(np.mean(fresh)))):
+        return (f"their mean log q is {np.mean(stored):.6g} where draws of the approximation average "
+                f"{np.mean(fresh):.6g} ± {error:.2g}")
+    return None
 
 
 _FIELDS = {

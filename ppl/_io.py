@@ -702,7 +702,8 @@ def _parse_arrays(raw: bytes, folder: Path) -> dict:
                         shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle)
                     else:
                         raise RunError(f"{where}: member {member.filename!r} has an unknown array format {version}")
-                    if dtype.kind not in "biuf" or dtype.hasobject:
+                    if dtype.kind not in "biuf" or dtype.hasobject or (dtype.kind == "f" and dtype.itemsize not in (4, 8)):
+                        # ppl computes in float32 or float64 only: a float16 draw was never written by it
                         raise RunError(f"{where}: array {member.filename!r} has dtype {dtype}, which a run never stores")
                     count = math.prod(shape)
                     if count * dtype.itemsize != member.file_size - handle.tell():
@@ -802,15 +803,20 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if not 0 <= leaves <= 100_000:
             raise schema.fail("resume.num_leaves", "a count", leaves)
     if meta["has_posterior"]:
-        if not _IDENTIFIER.fullmatch(schema.get(meta, "method", str, "a method name")):
-            raise schema.fail("method", "a method name", meta["method"])
+        from ppl.inference.registry import METHODS
+
+        if schema.get(meta, "method", str, "a method name") not in METHODS:
+            # the method decides which kinds of posterior and which checks the run can have
+            raise schema.fail("method", f"a registered method ({', '.join(METHODS)})", meta["method"])
         schema.scalar_tree("options", schema.get(meta, "options", dict, "an object"))
         seed = schema.get(meta, "seed", (int, list), "an int or a key", optional=True)
         if isinstance(seed, list) and not (len(seed) == 2 and all(isinstance(v, int) and 0 <= v < 2**32 for v in seed)):
             raise schema.fail("seed", "an int or two 32-bit ints", seed)
         if isinstance(seed, int) and not 0 <= seed < 2**32:
             raise schema.fail("seed", "an int in [0, 2**32)", seed)
-        schema.get(meta, "wall_time_s", (int, float), "a number")
+        wall = schema.get(meta, "wall_time_s", (int, float), "a non-negative number of seconds")
+        if not (math.isfinite(wall) and wall >= 0):
+            raise schema.fail("wall_time_s", "a non-negative number of seconds", wall)
         schema.scalar_tree("info", schema.get(meta, "info", dict, "an object"))
         schema.scalar_tree("provenance", schema.get(meta, "provenance", dict, "an object"))
         records = schema.scalar_tree("records", schema.get(meta, "records", dict, "an object"))
@@ -840,12 +846,13 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
             raise schema.fail("tempering", "'likelihood' or 'cold'", meta["tempering"])
         schema.get(meta, "approximation", str, "a family kind", optional=True)
         kind = schema.get(meta, "kind", str, "a posterior kind")
-        if kind not in _kinds_allowed(meta["method"], meta["approximation"]):
+        allowed = _kinds_allowed(meta["method"], meta["approximation"], meta["options"], model)
+        if kind not in allowed:
             # The kind decides which checks the diagnostics make: one edited to skip them (a sampler's
             # run relabelled "point" would skip R-hat) is refused, not believed.
             raise schema.fail(
-                "kind", f"one of {', '.join(_kinds_allowed(meta['method'], meta['approximation']))} for this method "
-                "and approximation", kind,
+                "kind", f"one of {', '.join(allowed) or '(none: the method and the approximation disagree)'} for method "
+                f"{meta['method']!r} with approximation {meta['approximation']!r}", kind,
             )
         sites = schema.get(meta, "sites", list, "a list of sites")
         for site in sites:
@@ -876,6 +883,13 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         for field in ("num_chains", "num_draws"):
             if schema.get(meta, field, int, "a positive count") < 1:
                 raise schema.fail(field, "a positive count", meta[field])
+        claimed = _layout_of_options(kind, meta["options"])
+        finished = status == "complete" and not records["status"].get("interrupted") and not records["status"].get("failed")
+        if finished and claimed is not None and claimed != (meta["num_chains"], meta["num_draws"]):
+            raise schema.fail(
+                "num_chains/num_draws", f"{claimed[0]} chain(s) × {claimed[1]} draws, as the run's options ask of a "
+                "finished run", [meta["num_chains"], meta["num_draws"]],
+            )
     diagnostics = None
     if snapshot.has(DIAGNOSTICS):
         diagnostics = snapshot.json(DIAGNOSTICS)
@@ -918,6 +932,38 @@ def _diagnostics_from(record: dict, folder: Path):
     pointwise = record["elpd_loo_pointwise"]
     return Diagnostics(**{**record, "checks": [Check(**item) for item in record["checks"]],
                           "elpd_loo_pointwise": None if pointwise is None else np.asarray(pointwise, dtype=float)})
+
+
+def saved_diagnostics(path):
+    """The diagnostics saved in run folder ``path`` (None if it has none), the verdict decided again
+    from the saved values: for runs whose model cannot be run here (a Network's run, read without its
+    forward pass). A run that loads with its model should be diagnosed with ``ppl.load(path).diagnostics()``."""
+
+    def read(snapshot):
+        meta, diagnostics = _read_meta(snapshot)
+        if diagnostics is None or not meta["has_posterior"]:
+            return None
+        arrays = snapshot.arrays()
+        num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in meta["sites"])
+        flat = _check_array(snapshot.folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
+        return rederived_diagnostics(diagnostics, meta, _records(snapshot.folder, meta, arrays), flat, snapshot.folder)
+
+    return _with_snapshot(path, read)
+
+
+def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path):
+    """The saved diagnostics of a run that cannot be recomputed here, with the verdict decided again
+    from the saved values (see :mod:`ppl._verdict`)."""
+    from ppl._verdict import rederive
+
+    if (record["method"], record["num_chains"], record["num_draws"]) != (meta["method"], meta["num_chains"], meta["num_draws"]):
+        raise RunError(
+            f"{folder}/{DIAGNOSTICS}: describes a {record['method']} run of {record['num_chains']} chain(s) × "
+            f"{record['num_draws']} draws, but {META} a {meta['method']} run of {meta['num_chains']} × {meta['num_draws']} "
+            "— the file was edited or belongs to another run"
+        )
+    return rederive(_diagnostics_from(record, folder), kind=meta["kind"], records=records, flat_draws=flat,
+                    where=f"{folder}/{DIAGNOSTICS}")
 
 
 def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:
@@ -1023,21 +1069,47 @@ def _declared_num_params(model, X) -> int:
     return total + noise
 
 
-def _kinds_allowed(method: str, family: str | None) -> tuple:
-    """The posterior kinds a run of ``method`` with a saved approximation of kind ``family`` can
-    have: what the approximation admits, narrowed to what a registered method declares."""
+def _kinds_allowed(method: str, family: str | None, options: dict, model: dict) -> tuple:
+    """The posterior kinds a run of registered ``method`` with ``options`` and a saved approximation
+    of kind ``family`` can have: what the approximation admits, narrowed to what the method declares
+    (a point only where the method gives one: MAP, or SVI with the delta guide, which ``guide="auto"``
+    picks for a VAE whose decoder is not Bayesian)."""
     if family is None:
         by_family = ("chains", "members")
     elif family == "point":
         by_family = ("point",)
     else:
         by_family = ("mixture",) if family.startswith("mixture:") else ("independent",)
-    from ppl.inference.registry import METHODS, get
+    from ppl.inference.registry import get
 
-    if method not in METHODS:
-        return by_family
-    declared = get(method).kind
-    return tuple(k for k in by_family if k == declared or k == "point")
+    declared = {get(method).kind}
+    guide = options.get("guide", "auto")
+    fields = model.get("fields") if isinstance(model.get("fields"), dict) else {}
+    if method == "svi" and (guide == "delta" or (
+            guide == "auto" and model.get("class") == "VAE" and fields.get("bayesian_decoder") is False)):
+        declared = {"point"}
+    return tuple(k for k in by_family if k in declared)
+
+
+def _layout_of_options(kind: str, options: dict) -> tuple | None:
+    """(chains, draws) that a finished run of posterior ``kind`` with ``options`` holds (None where the
+    options do not say)."""
+    if kind == "point":
+        return 1, 1
+    if kind in ("independent", "mixture") and isinstance(options.get("num_draws"), int):
+        return 1, options["num_draws"]
+    if kind == "members" and isinstance(options.get("num_members"), int):
+        return options["num_members"], 1
+    if kind == "chains" and isinstance(options.get("num_chains"), int) and isinstance(options.get("num_samples"), int):
+        return options["num_chains"], options["num_samples"]
+    return None
+
+
+# Record fields that count something (steps, chains, tree depths) or measure a size: never negative.
+_COUNTS = {
+    "status": ("steps_done", "chains_done"), "trace": ("kl_warmup", "grad_norm", "loss_noise"),
+    "chain_stats": ("max_tree_depth", "leapfrog_cap", "variance_inflation"),
+}
 
 
 def _records(folder: Path, meta: dict, arrays: dict) -> dict:
@@ -1054,6 +1126,13 @@ def _records(folder: Path, meta: dict, arrays: dict) -> dict:
             records[name] = None
             continue
         record = from_saved(name, meta["records"][name], parts, schema.fail)
+        for field in _COUNTS.get(name, ()):
+            value = getattr(record, field)
+            if value is not None and value < 0:
+                raise schema.fail(f"records.{name}.{field}", "a non-negative count", value)
+        if name == "evidence" and record.closed_form and meta["method"] != "exact":
+            # a closed form makes constant log p − log q read as a perfect fit: only exact has one
+            raise schema.fail("records.evidence.closed_form", "false for a method without a closed form", True)
         for field, value in parts.items():
             if name == "trace":  # losses: (steps,), or (members, steps)
                 fits, wanted = value.ndim in (1, 2), "a 1-D or 2-D array"
@@ -1119,11 +1198,13 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
                 draws[name] = _check_array(
                     folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape), kinds="biuf"
                 )
+            records = _records(folder, meta, arrays)
             return Posterior.detached(
-                method=meta["method"], kind=meta["kind"], draws=draws, records=_records(folder, meta, arrays),
+                method=meta["method"], kind=meta["kind"], draws=draws, records=records,
                 info=_info(meta, arrays), options=meta["options"],
                 seed=meta["seed"], wall_time_s=meta["wall_time_s"],
-                diagnostics=None if diagnostics is None else _diagnostics_from(diagnostics, folder),
+                # without the program nothing can be recomputed: the saved values are judged again
+                diagnostics=None if diagnostics is None else rederived_diagnostics(diagnostics, meta, records, flat, folder),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
                 sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
                 deterministic_sites=tuple(name for name, _ in meta["deterministic"]),
@@ -1165,6 +1246,12 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
             family = from_arrays(meta["approximation"], parts, dim=num_params)
         except (ValueError, TypeError, KeyError) as error:
             raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
+        from ppl.inference._gaussian import stored_draws_mismatch
+
+        mismatch = stored_draws_mismatch(family, flat.astype(problem.init_params.dtype, copy=False))
+        if mismatch is not None:
+            raise RunError(f"{folder}/{ARRAYS}: array 'flat_draws' does not hold draws of the saved approximation "
+                           f"({mismatch}) — the file was edited or mixes two runs")
     posterior = Posterior(
         method=meta["method"], kind=meta["kind"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
         **_records(folder, meta, arrays), info=_info(meta, arrays), options=meta["options"], seed=meta["seed"],
@@ -1176,8 +1263,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
     posterior.resume_state = resume
     posterior.fingerprint = meta.get("fingerprint")
     posterior.provenance = meta["provenance"]
-    if diagnostics is not None:
-        posterior._cache["diagnostics"] = _diagnostics_from(diagnostics, folder)
+    # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
     return posterior, resume, meta
 
 

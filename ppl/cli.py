@@ -840,23 +840,26 @@ def _run_folder(path: Path) -> Path:
     raise RunError(f"{path} is a file, and no folder above it holds a saved ppl run; give the run folder")
 
 
-def _plots(path: Path) -> list[str]:
-    """Write the run's figures into its folder (loading it: nothing it names is imported)."""
-    import ppl
+def _plots(posterior, path: Path) -> list[str]:
+    """Write the run's figures into its folder."""
     from ppl.diagnostics.plots import write_plots
 
     # a plain program's run loads detached (its program is never imported): trace, rank and loss
     # plots come from the saved draws and records, the predictive needs the model
-    written = write_plots(ppl.load(path), path)
+    written = write_plots(posterior, path)
     if not written:
         return ["figures: none applies to this run"]
     return ["figures: " + ", ".join(str(p) for p in written)]
 
 
 def _show(args) -> int:
-    """Print a saved run from its files alone: nothing is imported, compiled or recomputed."""
+    """Print a saved run. Nothing the folder names is imported, and no saved verdict is believed: a
+    run of a ppl model is loaded and diagnosed again from its stored draws; a run whose model cannot
+    be run here (a Network's, a plain program's) shows its saved figures with the verdict decided
+    again from them."""
+    import ppl
     from ppl._calibrate import CALIBRATION_FILE
-    from ppl._io import _diagnostics_from, read_run_files
+    from ppl._io import read_run_files, saved_diagnostics
 
     path = _run_folder(Path(args.path))
     meta, diagnostics, extras = read_run_files(path, ("summary.json", CALIBRATION_FILE))
@@ -904,7 +907,14 @@ def _show(args) -> int:
         lines.append(f"resumable: progress {meta['resume']['progress']} — continue with: ppl fit --resume {path}")
     summary = extras.get("summary.json")
     summary = summary if isinstance(summary, dict) and isinstance(summary.get("metrics"), dict) else {}
-    record = None if diagnostics is None else _diagnostics_from(diagnostics, path)
+    posterior = None if network else ppl.load(path)  # a plain program's run loads detached
+    if posterior is None:
+        record = saved_diagnostics(path)
+    elif posterior.is_detached and diagnostics is None:
+        record = None
+    else:
+        # recomputed from the stored draws; a detached run's are its saved figures, judged again on load
+        record = posterior.diagnostics()
     if record is not None:
         if model.get("class") == "BNN":
             lines.extend(_loo_up_front("bnn", model.get("fields", {}).get("likelihood")))
@@ -919,7 +929,7 @@ def _show(args) -> int:
         lines.append("figures: a Network's forward pass is code that ppl show never imports; in Python, "
                      f"ppl.load({str(path)!r}, model=<the network>) gives the posterior to plot")
     elif args.plots:
-        lines.extend(_plots(path))
+        lines.extend(_plots(posterior, path))
     if record is not None:
         lines.append(record.verdict(_held_out(summary)))
     elif model["kind"] == "function":

@@ -805,9 +805,9 @@ def test_deeply_nested_json_is_a_clear_error(saved_run):
 
 def test_show_escapes_terminal_control_sequences(saved_run, capsys):
     folder, _ = saved_run
-    record = json.loads((folder / "diagnostics.json").read_text())
-    record["warnings"] = ["\x1b]0;PWNED\x07\x1b[2J"]
-    _reseal_with(folder, "diagnostics.json", json.dumps(record).encode())
+    meta = json.loads((folder / "posterior.json").read_text())
+    meta["provenance"]["versions"]["numpy"] = "\x1b]0;PWNED\x07\x1b[2J"  # free text that show prints
+    _reseal_with(folder, "posterior.json", json.dumps(meta).encode())
     assert main(["show", str(folder)]) == 0
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\\x1b" in out
