@@ -83,7 +83,8 @@ def run_lock(path):
     The lock is an ``flock`` on ``.<name>.lock`` beside the folder, so it dies with the process that
     held it (a killed writer never leaves a stale lock). A second writer gets a :class:`RunError`.
     """
-    path = Path(path).absolute()
+    # the resolved path: a symlinked folder and its target are one folder with one lock
+    path = Path(os.path.realpath(path))
     key = str(path)
     if key in _HELD:
         _HELD[key][1] += 1
@@ -146,6 +147,79 @@ def check_writable_run(path: Path) -> None:
             f"{path} holds files that are not part of its run ({', '.join(foreign[:5])}); ppl will not replace the "
             "folder and delete them — move them, or choose another path"
         )
+
+
+COMPARISON_MANIFEST = "ppl-comparison.json"
+COMPARISON_FORMAT = "ppl-comparison"
+
+
+def comparison_entries(path: Path) -> tuple[str, list] | None:
+    """(status, the entries ppl wrote) of the comparison folder ``path``, or None where ``path`` is
+    absent or empty. Anything else — a ppl run, a folder without ppl's comparison manifest, or one
+    holding entries the manifest does not list — is a :class:`RunError`: ppl replaces only what it
+    can prove it wrote."""
+    if path.exists() and not path.is_dir():
+        raise RunError(f"{path} is an existing file, not a comparison folder; choose another path")
+    try:
+        present = set(os.listdir(path)) if path.is_dir() else set()
+    except OSError as error:
+        raise RunError(f"{path}: cannot be listed ({error.strerror})") from None
+    if not present:
+        return None
+    if MANIFEST in present:
+        raise RunError(f"{path} holds a ppl run (its {MANIFEST}), not a comparison; ppl compare will not replace it — "
+                       "choose another folder")
+    try:
+        record = json.loads((path / COMPARISON_MANIFEST).read_bytes()[:MAX_JSON_BYTES])
+        entries, status = record["entries"], record["status"]
+        valid = (record.get("format") == COMPARISON_FORMAT and status in ("unfinished", "complete")
+                 and isinstance(entries, list) and all(isinstance(e, str) and _PLAIN_NAME.fullmatch(e) for e in entries))
+    except (OSError, ValueError, KeyError, TypeError):
+        valid = False
+    if not valid:
+        raise RunError(f"{path} exists and is not a ppl comparison (no valid {COMPARISON_MANIFEST}); ppl will not "
+                       "write into it — choose another folder")
+    foreign = sorted(present - set(entries) - {COMPARISON_MANIFEST})
+    if foreign:
+        raise RunError(f"{path} holds files that ppl did not write ({', '.join(foreign[:5])}); ppl will not replace the "
+                       "folder and delete them — move them, or choose another folder")
+    return status, entries
+
+
+def write_comparison_manifest(path: Path, status: str, entries) -> None:
+    """Record (atomically) that ppl wrote ``entries`` of comparison folder ``path``."""
+    record = {"format": COMPARISON_FORMAT, "format_version": 1, "status": status, "entries": sorted(entries)}
+    staged = path / f".{COMPARISON_MANIFEST}.new"
+    staged.write_bytes(_dump(record))
+    os.replace(staged, path / COMPARISON_MANIFEST)
+
+
+def remove_comparison(path: Path) -> None:
+    """Delete the comparison folder ``path`` (checked by :func:`comparison_entries`): only the entries
+    its manifest lists, each run folder among its fits only if it is a ppl run, then the folder."""
+    found = comparison_entries(path)
+    if found is None:
+        return
+    entries = [path / name for name in found[1]]
+    for entry in entries:  # everything is checked before anything is deleted
+        if entry.is_dir() and not entry.is_symlink():
+            for child in entry.iterdir():
+                if _STAGING.fullmatch(child.name):
+                    continue  # a lock, or what a killed save left staged
+                if not child.is_dir() or child.is_symlink():
+                    raise RunError(f"{child} was not written by ppl; ppl will not delete it — move it, or choose another folder")
+                check_writable_run(child)  # a ppl run holding nothing but its own files, or refused
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        elif entry.exists() or entry.is_symlink():
+            entry.unlink()
+    (path / COMPARISON_MANIFEST).unlink()
+    path.rmdir()
+
+
+# what ppl leaves beside a run folder: its lock, and a save staged by a process killed mid-write
+_STAGING = re.compile(r"\.[^/]+(\.lock|\.new-\w+|\.old-\w+)")
 
 
 def _sha256(path: Path) -> str:

@@ -304,13 +304,10 @@ FITS = "fits"  # the report folder's sub-folder holding each method's fit as a r
 
 
 def _compare(args) -> int:
-    import os
-    import shutil
-    import tempfile
     import time
 
     import ppl
-    from ppl import _progress
+    from ppl import _io, _progress
     from ppl._compare import _chosen_methods
 
     _request_devices(args.devices)
@@ -359,33 +356,26 @@ def _compare(args) -> int:
     _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
     out = Path(args.resume) if args.resume else _compare_folder(args, data)
     _check_writable_parent(out)
-    if not args.resume:
-        if out.exists():
-            shutil.rmtree(out)  # a report or an unfinished comparison, replaced as --force asked
-        out.mkdir(parents=True)
-        (out / INVOCATION).write_text(json.dumps(_compare_invocation(args), indent=1))
-    _progress.enable(False)
-    started = time.perf_counter()
-    try:
-        result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
-                             fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
-    except ppl.ComparisonInterrupted as stop:
-        print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
-              f"ppl compare --resume {out}", file=sys.stderr)
-        return 130
-    # The report is written beside the folder, takes the fits and the invocation, then is renamed
-    # into place: never half a report.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        result.write_report(staging)
-        for name in (FITS, INVOCATION):
-            if (out / name).exists():
-                os.replace(out / name, staging / name)
-        shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+    # The writer's lock of `ppl fit` (on the resolved path): a fit and a comparison never write one folder at once.
+    with _io.run_lock(out):
+        if not args.resume:
+            if _owned_comparison(out) is not None:
+                _io.remove_comparison(out)  # ppl's own report or unfinished comparison, replaced as --force asked
+            out.mkdir(parents=True, exist_ok=True)
+            (out / INVOCATION).write_text(json.dumps(_compare_invocation(args), indent=1))
+            _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])
+        elif not (out / _io.COMPARISON_MANIFEST).exists():
+            _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])  # started by an older ppl
+        _progress.enable(False)
+        started = time.perf_counter()
+        try:
+            result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
+                                 fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
+        except ppl.ComparisonInterrupted as stop:
+            print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
+                  f"ppl compare --resume {out}", file=sys.stderr)
+            return 130
+        _write_comparison(result, out)
     elapsed = time.perf_counter() - started
     print()
     print(_safe(result.table()))
@@ -393,6 +383,51 @@ def _compare(args) -> int:
     print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table, {FITS}/ each method's "
           f"fit); {elapsed:.0f} s in all")
     return 0
+
+
+def _owned_comparison(out: Path):
+    """(status, entries) of ppl's own comparison in ``out``, None for an absent or empty folder; any
+    other folder is refused (a UsageError saying why)."""
+    from ppl import _io
+
+    try:
+        return _io.comparison_entries(out)
+    except RunError as error:
+        raise UsageError(f"--out {error}") from None
+
+
+def _write_comparison(result, out: Path) -> None:
+    """Put the report in place of the unfinished comparison ``out``: written beside it with the fits
+    and the invocation moved in, then renamed into place, so there is never half a report. Files
+    that appeared in ``out`` meanwhile are not ppl's: the report then joins them, and they stay."""
+    import os
+    import shutil
+    import tempfile
+
+    from ppl import _io
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        result.write_report(staging)
+        for name in (FITS, INVOCATION):
+            if (out / name).exists():
+                os.replace(out / name, staging / name)
+        entries = [p.name for p in staging.iterdir()]
+        _io.write_comparison_manifest(staging, "complete", entries)
+        others = set(os.listdir(out)) - {_io.COMPARISON_MANIFEST}
+        if not others:
+            (out / _io.COMPARISON_MANIFEST).unlink()
+            out.rmdir()
+            os.replace(staging, out)
+            return
+        print(f"ppl compare: {out} gained files that ppl did not write ({', '.join(sorted(others)[:5])}); the report "
+              "is added beside them", file=sys.stderr)
+        for name in entries:
+            os.replace(staging / name, out / name)
+        os.replace(staging / _io.COMPARISON_MANIFEST, out / _io.COMPARISON_MANIFEST)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging)
 
 
 def _compare_invocation(args) -> dict:
@@ -421,6 +456,8 @@ def _valid_compare_invocation(saved) -> bool:
 
 def _apply_compare_resume(args) -> None:
     """Fill the comparison's arguments from the unfinished one in --resume; refuse any given one that differs."""
+    from ppl import _io
+
     folder = Path(args.resume)
     if args.out is not None and Path(args.out).resolve() != folder.resolve():
         raise UsageError(f"--resume {folder} continues in its own folder; drop --out {args.out}")
@@ -428,6 +465,10 @@ def _apply_compare_resume(args) -> None:
         raise UsageError("--resume continues a comparison and --force starts one afresh; give one of them")
     if not folder.is_dir():
         raise UsageError(f"--resume {folder}: no such folder")
+    if (folder / _io.COMPARISON_MANIFEST).exists():  # a comparison started by an older ppl has none
+        owned = _owned_comparison(folder)
+        if owned is not None and owned[0] == "complete":
+            raise UsageError(f"--resume {folder}: this comparison finished (its report.html is there); nothing to continue")
     if (folder / "report.html").exists():
         raise UsageError(f"--resume {folder}: this comparison finished (its report.html is there); nothing to continue")
     try:
@@ -448,12 +489,10 @@ def _compare_folder(args, data) -> Path:
     comparison, and either of those without --force), or a new numbered folder under runs/."""
     if args.out is not None:
         out = Path(args.out)
-        report, unfinished = (out / "report.html").exists(), (out / INVOCATION).exists()
-        if out.exists() and not (report or unfinished) and any(out.iterdir()):
-            raise UsageError(f"--out {out} is a folder that holds no ppl report; choose another folder")
-        if report and not args.force:
+        status = (_owned_comparison(out) or (None,))[0]
+        if status == "complete" and not args.force:
             raise UsageError(f"--out {out} already holds a report; choose another folder, or add --force to replace it")
-        if unfinished and not args.force:
+        if status == "unfinished" and not args.force:
             raise UsageError(f"--out {out} holds a comparison that did not finish; continue it with "
                              f"ppl compare --resume {out}, or add --force to start afresh")
         return out
