@@ -487,15 +487,17 @@ def minimize(
         stopped = np.where((stopped == 0) & verdict, step, stopped)
         return bool(np.all(stopped > 0))
 
-    def partial_now(params, opt_state, step):
+    def partial_now(params, opt_state, step, *, at_start=False):
         state = state_now(params, opt_state, step)
-        posterior = None if build is None or step == 0 else with_stopped(build, params, state.arrays["losses"])
+        unbuilt = build is None or (step == 0 and not at_start)
+        posterior = None if unbuilt else with_stopped(build, params, state.arrays["losses"])
         if posterior is not None and step < budget:
             posterior.resume_state = state
         return posterior, state
 
     pace = _interrupt.ChunkPace(capacity)
     finished = False
+    previous = None  # the state at the start of the chunk before the current one
     with _progress.task(label, min(budget, max(config.steps, -(-step // config.steps) * config.steps))), _interrupt.guard():
         _progress.advance(step)
         while step < budget and not _interrupt.requested():
@@ -516,6 +518,18 @@ def minimize(
             pace.record(count, time.perf_counter() - started)
             finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
             if not np.all(np.isfinite(losses)) or not finite_params:
+                # The parameters before this chunk are finite, but one wild step can leave them finite
+                # and still useless (a scale of exp(-1e30) = 0): the partial result is the latest of
+                # the last two chunk starts that builds a posterior ppl.load accepts.
+                candidates = [(params, opt_state, step)] + ([previous] if previous is not None else [])
+                partial, kept = None, step
+                for old_params, old_state, old_step in candidates:
+                    # a failure keeps even the starting state: it is the last usable one
+                    partial = partial_now(old_params, old_state, old_step, at_start=True)[0]
+                    if partial is not None and _loadable(partial):
+                        kept = old_step
+                        break
+                    partial = None
                 bad_steps = ~np.isfinite(losses)
                 member, culprit = "", new_params
                 if members is not None:
@@ -526,19 +540,25 @@ def minimize(
                 bad = np.flatnonzero(bad_steps)
                 first = step + int(bad[0]) if bad.size else step + count - 1
                 where = _nonfinite_sites(culprit, problem)
+                if partial is not None:
+                    kept_text = f" and the state after {kept} steps as a partial result in .partial"
+                elif build is not None:
+                    kept_text = " (neither of the last two states gives a usable posterior, so there is no partial result)"
+                else:
+                    kept_text = ""
                 error = NonFiniteError(
                     f"{label}: the loss or the parameters became non-finite{member} at step {first} "
                     f"(non-finite: {', '.join(where) or 'the loss only'}); the last finite parameters "
-                    f"(before step {step}) are kept on this error as .last_finite_params"
-                    + (" and as a partial result in .partial" if build is not None and step > 0 else "")
-                    + " — lower learning_rate, tighten the prior, or standardise the data",
+                    f"(before step {step}) are kept on this error as .last_finite_params{kept_text}"
+                    " — lower learning_rate, tighten the prior, or standardise the data",
                     step=first,
                     last_finite_params=params,
                 )
-                error.partial = partial_now(params, opt_state, step)[0]
+                error.partial = partial
                 if error.partial is not None:
                     error.partial.status = error.partial.status._replace(failed=str(error))
                 raise error
+            previous = (params, opt_state, step)
             params, opt_state = new_params, new_state
             history.append(losses)
             step += count
@@ -551,6 +571,24 @@ def minimize(
         raise Interrupted(f"{label}: interrupted before the first step finished", state_now(params, opt_state, 0))
     finished = finished or step >= budget
     return Minimized(params, losses, None if finished else state_now(params, opt_state, step), opt_state[1], stopped)
+
+
+def _loadable(posterior) -> bool:
+    """Whether a partial result holds what a saved run must: finite draws and an approximation that
+    passes the checks ``ppl.load`` makes (positive finite scales, finite location)."""
+    from ppl.inference._gaussian import from_arrays
+
+    if not np.all(np.isfinite(np.asarray(posterior.flat_draws))):
+        return False
+    family = posterior.approximation
+    if family is None:
+        return True
+    try:
+        from_arrays(family.kind, {k: np.asarray(v) for k, v in family.arrays().items()},
+                    dim=int(np.shape(posterior.flat_draws)[-1]))
+    except (ValueError, TypeError, KeyError):
+        return False
+    return True
 
 
 def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
