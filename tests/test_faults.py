@@ -604,6 +604,35 @@ def test_bad_models_and_seeds_are_refused(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="map", seed=2**64)
 
 
+# -- input that slips through (round two) --
+def _write_csv(path: Path, header: list[str], columns: list[np.ndarray]) -> Path:
+    rows = [",".join(header)] + [",".join(repr(float(v)) for v in row) for row in zip(*columns)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_columns_whose_spread_overflows_are_refused_naming_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    x, huge = rng.standard_normal(40), rng.standard_normal(40) * 1e300
+    # An input column: its sd overflowed to inf, the column became zeros, and the fit said "trustworthy".
+    inputs = _write_csv(tmp_path / "inputs.csv", ["x", "huge", "y"], [x, huge, 2 * x])
+    assert main(["fit", "--model", "linear", "--data", str(inputs), "--target", "y", "--method", "exact",
+                 "--out", "run", "--no-progress"]) == 2
+    assert "column 'huge' cannot be standardised" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+    np.savez(tmp_path / "inputs.npz", X=np.stack([x, huge], axis=1), y=x)
+    with pytest.raises(ppl.DataError, match=r"X column 1 \(counted from 0\) cannot be standardised"):
+        ppl.datasets.load_file(tmp_path / "inputs.npz")
+    # A regression target the same way: a model of it would see inf.
+    target = _write_csv(tmp_path / "target.csv", ["x", "y"], [x, huge])
+    with pytest.raises(ppl.DataError, match="the target column 'y' reaches 2.2e\\+300"):
+        ppl.datasets.load_file(target)
+    # Large but representable columns are still standardised.
+    data = ppl.datasets.load_file(_write_csv(tmp_path / "fine.csv", ["x", "y"], [x * 1e150, x]))
+    assert np.all(np.isfinite(data.input_std)) and abs(float(np.std(data.train.X)) - 1.0) < 1e-9
+
+
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
     return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
