@@ -540,6 +540,7 @@ def _request_devices(count) -> None:
 def _fit(args) -> int:
     import ppl
     from ppl import _interrupt, _io, _progress
+    from ppl._posterior import derived_key
     from ppl.inference import registry
 
     _request_devices(args.devices)
@@ -588,15 +589,16 @@ def _fit(args) -> int:
             # An interrupted run is saved at once: test metrics of a partial result can wait.
             interrupted = posterior.status.interrupted or _interrupt.requested()
             metrics, extras = {}, {}
+            test_key = derived_key(args.seed, TEST_STREAM)
             if not interrupted and args.model == "vae":
                 from ppl.diagnostics.vae import vae_report
 
                 # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
-                metrics = vae_report(posterior, data.test.X, seed=args.seed + 1, gap_points=0).to_dict()
-                extras[VAE_FIGURE] = _vae_figure(posterior, data, args.seed + 1)
+                metrics = vae_report(posterior, data.test.X, seed=test_key, gap_points=0).to_dict()
+                extras[VAE_FIGURE] = _vae_figure(posterior, data, test_key)
             elif not interrupted:
                 try:
-                    metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+                    metrics = ppl.evaluate(posterior, data.test, seed=test_key)
                 except MemoryBudgetError as error:
                     # The fit is worth keeping even when its test predictions would not fit in memory.
                     print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
@@ -630,9 +632,12 @@ def _fit(args) -> int:
 
 
 VAE_FIGURE = "vae.png"
+# The random stream of a fit's test metrics and figures, split from --seed: the fit itself uses the
+# seed's own key, so the test draws neither repeat the fit's nor reach outside [0, 2**32).
+TEST_STREAM = 1
 
 
-def _vae_figure(posterior, data, seed: int) -> bytes:
+def _vae_figure(posterior, data, seed) -> bytes:
     """PNG bytes: test images and their reconstructions, samples, and (2-D latents) the encoded test set."""
     import io
 

@@ -633,6 +633,15 @@ def test_columns_whose_spread_overflows_are_refused_naming_them(tmp_path, monkey
     assert np.all(np.isfinite(data.input_std)) and abs(float(np.std(data.train.X)) - 1.0) < 1e-9
 
 
+def test_the_largest_seed_fits_and_saves(tmp_path, monkeypatch, capsys):
+    # The test metrics once used seed + 1, which left [0, 2**32) after the whole fit had run.
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--seed", str(2**32 - 1),
+                 "--out", "run", "--no-progress"]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert np.isfinite(summary["metrics"]["nll"]) and ppl.load(tmp_path / "run").seed == 2**32 - 1
+
+
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
     return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
