@@ -15,6 +15,11 @@ from pathlib import Path
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 MODELS = ("linear", "logistic", "bnn", "vae")
+TASKS = ("regression", "classification")
+TASK_HELP = (
+    "what a .csv/.npz file's target is (default: guessed — text labels, or at most 20 distinct integers 0..K-1, "
+    "make a classification; other numbers a regression)"
+)
 
 
 class UsageError(Exception):
@@ -35,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--split", type=_split_number, metavar="K",
                      help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
+    fit.add_argument("--task", choices=TASKS, help=TASK_HELP)
     fit.add_argument("--method", help="a method name (see `ppl methods`; default nuts)")
     fit.add_argument("--seed", type=_seed, help="default 0")
     fit.add_argument(
@@ -72,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--split", type=_split_number, metavar="K",
                       help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
     comp.add_argument("--target", metavar="COLUMN", help="the column of a CSV file to predict (as for ppl fit)")
+    comp.add_argument("--task", choices=TASKS, help=TASK_HELP)
     comp.add_argument(
         "--methods", help="comma-separated method names (default: every registered method that accepts the model, "
         "less hmc and mh)",
@@ -212,14 +219,19 @@ def _load_data(args):
         if getattr(args, "split", None) is not None:
             raise UsageError(f"--split applies to the UCI sets' canonical splits, not to the file {args.data}")
         if args.model == "vae":
-            if args.target is not None:
-                raise UsageError("--model vae models the data alone: drop --target")
+            for option, value in (("--target", args.target), ("--task", args.task)):
+                if value is not None:
+                    raise UsageError(f"--model vae models the data alone, with no target: drop {option}")
             data = datasets.load_file(args.data, seed=args.seed, task="unsupervised")
         else:
             if args.target is not None and Path(args.data).suffix == ".npz":
                 raise UsageError(f"--target names a CSV column, but {args.data} is a .npz file: its targets are the array y")
-            data = datasets.load_file(args.data, target=args.target, seed=args.seed)
+            data = datasets.load_file(args.data, target=args.target, seed=args.seed, task=args.task)
         print(_safe(_describe_file(args, data)))
+        if args.model != "vae":
+            # Recorded in invocation.json, so that a resume reads the target as this run did even if
+            # the guess were made differently.
+            args.task = data.task
         if data.target is not None:
             args.target = data.target  # recorded in invocation.json, so a resume reads the same column
         return data
@@ -229,9 +241,12 @@ def _load_data(args):
     if split is not None and args.data not in datasets.UCI_FOLDERS:
         raise UsageError(f"--split {split}: only the UCI sets ({', '.join(datasets.UCI_FOLDERS)}) have canonical splits; "
                          f"{args.data!r} is split by --seed")
-    if args.data in datasets.UCI_FOLDERS:
-        return datasets.load(args.data, split=split or 0)
-    return datasets.load(args.data, seed=args.seed)
+    data = datasets.load(args.data, split=split or 0) if args.data in datasets.UCI_FOLDERS else datasets.load(
+        args.data, seed=args.seed)
+    if args.task is not None and args.task != data.task:
+        raise UsageError(f"--task {args.task}: the dataset {args.data!r} has the task {data.task}; --task chooses how a "
+                         ".csv/.npz file's target is read — drop it for a named dataset")
+    return data
 
 
 def _describe_file(args, data) -> str:
@@ -246,7 +261,8 @@ def _describe_file(args, data) -> str:
         target = f"target column {data.target!r} (the last of its 2 columns; name another with --target)"
     else:
         target = f"target column {data.target!r}"
-    line = f"data: {args.data} — {rows} rows, {inputs} input column{'s' if inputs != 1 else ''}; {target}; {data.task}"
+    task = data.task if args.task is not None or data.classes is not None else f"{data.task} (guessed; --task sets it)"
+    line = f"data: {args.data} — {rows} rows, {inputs} input column{'s' if inputs != 1 else ''}; {target}; {task}"
     if data.classes is not None:
         shown = ", ".join(f"{k} = {label!r}" for k, label in enumerate(data.classes[:10]))
         more = f", … ({len(data.classes) - 10} more)" if len(data.classes) > 10 else ""
@@ -398,7 +414,8 @@ def _compare(args) -> int:
 def _compare_invocation(args) -> dict:
     return {
         "command": "compare", "model": args.model, "data": args.data, "target": args.target, "split": args.split,
-        "methods": args.methods, "reference": args.reference, "seed": args.seed, "set": list(args.set),
+        "task": args.task, "methods": args.methods, "reference": args.reference, "seed": args.seed,
+        "set": list(args.set),
     }
 
 
@@ -408,7 +425,9 @@ def _valid_compare_invocation(saved) -> bool:
 
     return (
         isinstance(saved, dict)
-        and set(saved) == {"command", "model", "data", "target", "split", "methods", "reference", "seed", "set"}
+        # task: recorded since --task came; an older comparison without it guesses again, as it did
+        and set(saved) - {"task"} == {"command", "model", "data", "target", "split", "methods", "reference", "seed", "set"}
+        and saved.get("task") in (None, *TASKS)
         and saved["command"] == "compare"
         and saved["model"] in MODELS
         and isinstance(saved["data"], str) and len(saved["data"]) < 4096
@@ -463,8 +482,8 @@ def _compare_folder(args, data) -> Path:
 
 def _invocation(args) -> dict:
     return {
-        "model": args.model, "data": args.data, "target": args.target, "split": args.split, "method": args.method,
-        "seed": args.seed, "set": list(args.set),
+        "model": args.model, "data": args.data, "target": args.target, "split": args.split, "task": args.task,
+        "method": args.method, "seed": args.seed, "set": list(args.set),
     }
 
 
@@ -474,8 +493,10 @@ def _valid_invocation(saved) -> bool:
 
     return (
         isinstance(saved, dict)
-        and set(saved) - {"split"} == {"model", "data", "target", "method", "seed", "set"}  # split: since 0.1
+        # split: since 0.1; task: since --task came (an older run without it guesses again, as it did)
+        and set(saved) - {"split", "task"} == {"model", "data", "target", "method", "seed", "set"}
         and _split_or_none(saved.get("split"))
+        and saved.get("task") in (None, *TASKS)
         and saved["model"] in MODELS
         and isinstance(saved["data"], str)
         and text_or_none(saved["target"])

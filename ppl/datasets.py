@@ -692,11 +692,14 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     spreadsheet: the header is row 1) and the value found there.
 
     ``task``: None infers it (text labels, or at most 20 distinct integers, make a classification;
-    other numbers a regression); ``"unsupervised"``: every column (or the array X) is data, there
-    is no target and the inputs are not standardised. Otherwise the inputs are standardised with
-    the training split's statistics (kept as ``input_mean``/``input_std``); the target is used as
-    it is (``target_mean`` 0, ``target_std`` 1). An input column, or a regression target, whose mean
-    or sd overflows 64-bit floats (values near 1e300) is refused by name: rescale it first.
+    other numbers a regression), and refuses integers guessed to be labels 0..K-1 that cannot be
+    (a negative one, or more classes than distinct values, as 0, 100, …, 900 would make):
+    ``"regression"`` or ``"classification"`` then says which is meant. ``"unsupervised"``: every
+    column (or the array X) is data, there is no target and the inputs are not standardised.
+    Otherwise the inputs are standardised with the training split's statistics (kept as
+    ``input_mean``/``input_std``); the target is used as it is (``target_mean`` 0, ``target_std``
+    1). An input column, or a regression target, whose mean or sd overflows 64-bit floats (values
+    near 1e300) is refused by name: rescale it first.
     """
     _check_seed(seed)
     if not 0.0 < test_fraction < 1.0:
@@ -722,13 +725,16 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     # Validate before standardising: one NaN would otherwise turn a whole column into NaN.
     X, _ = validate_supervised(_AnyTargets(), (X, y), where=str(path))
     check_finite(f"{path} y", np.asarray(y))
+    target_label = "the target y" if target_name is None else f"the target column {_shown(target_name)}"
     if classes is not None:
         task = "classification"
     elif task is None:
         integral = np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0)
         task = "classification" if integral and len(np.unique(y)) <= 20 else "regression"
+        if task == "classification":
+            _check_guessed_labels(y, str(path), target_label)
     if task == "regression":
-        _check_target_scale(y, str(path), "the target y" if target_name is None else f"the target column {_shown(target_name)}")
+        _check_target_scale(y, str(path), target_label)
     train_idx, test_idx = _split(X, y, seed, test_fraction)
     if task == "unsupervised":  # the model sees the data as they are (a Bernoulli VAE needs [0, 1])
         X_train, X_test = X[train_idx], X[test_idx]
@@ -745,6 +751,27 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
         path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes,
         input_mean=input_mean, input_std=input_std, target=target_name, features=features, classes=classes,
     )
+
+
+def _check_guessed_labels(y: np.ndarray, where: str, name: str) -> None:
+    """Refuse integer targets guessed to be class labels 0..K-1 that cannot be: a negative one, or
+    more classes than distinct values (0, 100, …, 900 would make a 901-class model of 10 values)."""
+    values = np.unique(y)
+    shown = ", ".join(f"{v:g}" for v in values[:6]) + (", …" if len(values) > 6 else "")
+    guessed = f"{name} holds {len(values)} distinct integers ({shown}), so ppl guessed a classification, but "
+    regression = "if it is a number to predict, pass task='regression' (on the command line: --task regression)"
+    if values[0] < 0:
+        raise DataError(
+            f"{where}: {guessed}class labels count from 0 and {values[0]:g} is negative; {regression}; if these are "
+            "classes, recode them as 0..K-1"
+        )
+    num_classes = float(values[-1]) + 1  # a float: labels near 1e300 are integers too
+    if num_classes > len(values):
+        raise DataError(
+            f"{where}: {guessed}as labels 0..K-1 they would make {num_classes:.6g} classes, {num_classes - len(values):.6g} "
+            f"of them absent; {regression}; if these are classes and some are absent, pass task='classification' "
+            "(--task classification), or recode them as 0..K-1"
+        )
 
 
 def read_rows(path, *, num_features: int, features: list[str] | None = None, target: str | None = None,

@@ -642,6 +642,46 @@ def test_the_largest_seed_fits_and_saves(tmp_path, monkeypatch, capsys):
     assert np.isfinite(summary["metrics"]["nll"]) and ppl.load(tmp_path / "run").seed == 2**32 - 1
 
 
+def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overrides_it(tmp_path, monkeypatch, capsys):
+    from ppl.cli import _compare_invocation, _parser, _valid_compare_invocation, _valid_invocation
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(40)
+    # 0, 100, …, 900 became a 901-class categorical BNN; labels -1/1 a classification of negative labels.
+    hundreds = _write_csv(tmp_path / "hundreds.csv", ["x", "y"], [x, 100.0 * (np.arange(40) % 10)])
+    with pytest.raises(ppl.DataError, match=r"901 classes, 891 of them absent; .*task='regression'"):
+        ppl.datasets.load_file(hundreds)
+    with pytest.raises(ppl.DataError, match="-1 is negative; .*--task regression"):
+        ppl.datasets.load_file(_write_csv(tmp_path / "signs.csv", ["x", "y"], [x, rng.choice([-1.0, 1.0], 40)]))
+    assert ppl.datasets.load_file(_write_csv(tmp_path / "binary.csv", ["x", "y"], [x, 1.0 * (x > 0)])).num_classes == 2
+    assert ppl.datasets.load_file(hundreds, task="classification").num_classes == 901  # asked for: as asked
+    assert ppl.datasets.load_file(hundreds, task="regression").train.y.dtype == np.float64
+
+    assert main(["fit", "--model", "linear", "--data", "hundreds.csv", "--method", "exact", "--out", "refused"]) == 2
+    assert "--task regression" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert main(["fit", "--model", "linear", "--data", "hundreds.csv", "--task", "regression", "--method", "exact",
+                 "--out", "run", "--no-progress"]) == 0
+    invocation = json.loads((tmp_path / "run" / "invocation.json").read_text())
+    assert invocation["task"] == "regression" and _valid_invocation(invocation)
+    assert main(["predict", "run", "--data", "hundreds.csv", "--out", "p.csv"]) == 0
+    assert (tmp_path / "p.csv").read_text().startswith("mean,")
+    capsys.readouterr()
+    assert main(["fit", "--resume", "run", "--task", "classification"]) == 2  # the recorded task is kept
+    assert "--task: the run used 'regression'" in capsys.readouterr().err
+    # An invocation written before --task came (no such key) still resumes; a malformed task does not.
+    assert _valid_invocation({k: v for k, v in invocation.items() if k != "task"})
+    assert not _valid_invocation({**invocation, "task": "ordinal"})
+    compare = _compare_invocation(_parser().parse_args(
+        ["compare", "--model", "linear", "--data", "hundreds.csv", "--seed", "0", "--task", "regression"]))
+    assert compare["task"] == "regression" and _valid_compare_invocation(compare)
+    assert _valid_compare_invocation({k: v for k, v in compare.items() if k != "task"})
+    assert not _valid_compare_invocation({**compare, "task": 3})
+    assert main(["compare", "--model", "linear", "--data", "linear", "--task", "classification", "--methods", "exact",
+                 "--reference", "none", "--out", "cmp"]) == 2
+    assert "the dataset 'linear' has the task regression" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
+
+
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
     return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
