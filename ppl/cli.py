@@ -189,17 +189,27 @@ def _model_class(name: str):
     return {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN, "vae": VAE}[name]
 
 
-def _split_settings(settings: list[str], model_cls, method_cls) -> tuple[dict, dict]:
+def _split_settings(settings: list[str], model_cls, method_cls, prefix: str = "") -> tuple[dict, dict]:
+    """``--set`` items as (model options, method options); ``prefix`` ("nuts.") is how ppl compare's
+    items named their method, for messages."""
     from ppl.inference._base import parse_value
 
     model_fields = {f.name for f in dataclasses.fields(model_cls)}
     method_fields = set(method_cls.option_defaults())
     model_hints = typing.get_type_hints(model_cls)
     model_opts, method_opts = {}, {}
+    given = {}
     for item in settings:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+            raise UsageError(f"--set {(prefix + item)!r}: expected KEY=VALUE")
         key, text = item.split("=", 1)
+        if key in given:
+            # Keeping the last one silently would run with a value the user may not have meant.
+            raise UsageError(
+                f"--set {prefix}{key} is given twice ({(prefix + given[key])!r}, then {(prefix + item)!r}); give each "
+                "option once"
+            )
+        given[key] = item
         if key in model_fields and key != "prior":
             model_opts[key] = parse_value(text, model_hints[key], f"model option {key}")
         elif key in method_fields:
@@ -366,7 +376,7 @@ def _compare(args) -> int:
         if unknown:
             raise UsageError(f"--set {method}.{unknown[0]}: not an option of method {method!r} "
                              f"({', '.join(sorted(cls.option_defaults()))})")
-        options[method] = _split_settings(items, _model_class(args.model), cls)[1]
+        options[method] = _split_settings(items, _model_class(args.model), cls, prefix=f"{method}.")[1]
     if args.model == "vae":
         raise UsageError("ppl compare scores test predictions; a VAE has none — compare VAEs with ppl fit and their "
                          "test ELBO")

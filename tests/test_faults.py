@@ -682,6 +682,46 @@ def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overri
     assert "the dataset 'linear' has the task regression" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
 
 
+def test_empty_widths_repeated_options_and_sites_of_2_to_the_32_values_are_refused(
+        tmp_path, monkeypatch, capsys, linear_model, linear_data):
+    from ppl.inference._base import parse_value
+
+    monkeypatch.chdir(tmp_path)
+    fit = ["fit", "--model", "bnn", "--data", "linear", "--method", "map", "--out", "fitted", "--no-progress"]
+    # "hidden=," dropped its empty entries and built a network without hidden layers (hidden=0 is refused).
+    assert main([*fit, "--set", "hidden=,"]) == 2
+    assert "',' has an empty entry" in capsys.readouterr().err
+    assert parse_value("32,", tuple, "hidden") == (32,) and parse_value("()", tuple, "hidden") == ()
+    # A repeated option kept its last value without a word.
+    assert main([*fit, "--set", "steps=5", "--set", "steps=7"]) == 2
+    assert "--set steps is given twice ('steps=5', then 'steps=7')" in capsys.readouterr().err
+    assert main(["compare", "--model", "linear", "--data", "linear", "--methods", "exact", "--reference", "none",
+                 "--set", "exact.num_draws=5", "--set", "exact.num_draws=7", "--out", "cmp"]) == 2
+    assert "--set exact.num_draws is given twice" in capsys.readouterr().err
+    # A weight of 65536 × 65536 = 2**32 values: refused with its true size before its prior's zeros
+    # (16 or 32 GiB) are allocated; the same for a plain program's site.
+    assert main([*fit, "--set", "hidden=65536,65536"]) == 2
+    assert "site 'w1' of shape (65536, 65536) holds 4294967296 values" in capsys.readouterr().err
+    assert not (tmp_path / "fitted").exists() and not (tmp_path / "cmp").exists()
+
+    def wide(y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2**16, 2**16]).to_event(2))
+        numpyro.sample("y", dist.Normal(w[0, 0], 1.0), obs=y)
+
+    with pytest.raises(ppl.MemoryBudgetError, match=r"'w' of shape \(65536, 65536\) holds 4294967296 values"):
+        ppl.fit(wide, {"y": np.zeros(3)}, method="map", seed=0)
+    # A saved run whose sites were edited to 2**32 × 2**32: an int64 count wrapped round to 0 and
+    # the refusal expected a wrong shape.
+    folder = tmp_path / "saved"
+    ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=50).save(folder)
+    meta = json.loads((folder / "posterior.json").read_text())
+    meta["sites"][0][1] = meta["sites"][0][2] = [2**32, 2**32]
+    (folder / "posterior.json").write_text(json.dumps(meta))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match=rf"expected \[1, 50, {2**64 + 1}\]"):
+        ppl.load(folder)
+
+
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
     return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
