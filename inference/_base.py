@@ -120,8 +120,22 @@ def parse_value(text: str, hint, where: str):
         if base is float:
             return float(text)
         if typing.get_origin(base) is tuple or base is tuple:
-            return tuple(int(part) for part in text.split(",") if part.strip())
+            if text.strip() == "()":
+                return ()  # said outright: no entries (a VAE's linear decoder, decoder_hidden=())
+            parts = text.split(",")
+            if len(parts) > 1 and not parts[-1].strip() and parts[-2].strip():
+                parts = parts[:-1]  # "32," is (32,), as Python spells a one-entry tuple
+            if not all(part.strip() for part in parts):
+                # An empty entry was dropped before, so "hidden=," quietly built a network without
+                # hidden layers while "hidden=0" is refused.
+                raise OptionError(
+                    f"{where}: {text!r} has an empty entry; give comma-separated integers such as 32,32 "
+                    "(or () for none)"
+                )
+            return tuple(int(part) for part in parts)
         return text
+    except OptionError:
+        raise
     except ValueError:
         raise OptionError(f"{where}: cannot read {text!r} as {getattr(base, '__name__', base)}") from None
 

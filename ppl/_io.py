@@ -1231,7 +1231,8 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         return None, resume, meta
     record = meta["model"]
     sites = meta["sites"]
-    num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in sites)
+    # Python ints: an int64 product of edited shapes wraps round (2**32 × 2**32 is 0) or overflows.
+    num_params = sum(math.prod(s[2]) for s in sites)
     flat = _check_array(folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
     if record["kind"] == "declarative" and record.get("class") == "Network":
         X = _check_array(folder, arrays, "data/X")

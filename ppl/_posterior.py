@@ -17,7 +17,7 @@ from ppl._results import POSTERIOR_KINDS, Prediction
 from ppl._records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
-__all__ = ["Posterior", "as_key", "PREDICT_MODES"]
+__all__ = ["Posterior", "as_key", "derived_key", "PREDICT_MODES"]
 
 PREDICT_MODES = ("mc", "linearized", "probit", "bridge")
 _CHUNK = 64  # draws per vectorised chunk when mapping a function over many draws
@@ -41,6 +41,13 @@ def as_key(seed) -> jax.Array:
         if seed.shape == (2,) and seed.dtype == jnp.uint32:
             return seed
     raise OptionError(f"seed must be an int or a JAX PRNG key, got {type(seed).__name__}")
+
+
+def derived_key(seed, purpose: int) -> jax.Array:
+    """The key of one further random stream of ``seed`` (the test metrics after a fit, a figure):
+    ``fold_in(key, purpose)``. Never ``seed + purpose``: that leaves [0, 2**32) for the largest seeds
+    and reuses the next seed's own stream."""
+    return jax.random.fold_in(as_key(seed), purpose)
 
 
 def seed_record(seed):

@@ -30,7 +30,7 @@ from numpyro.infer.initialization import init_to_uniform
 from numpyro.distributions.util import sum_rightmost
 
 from ppl._data import validate_program_data, validate_supervised, validate_unsupervised
-from ppl._errors import DataError, OptionError
+from ppl._errors import DataError, MemoryBudgetError, OptionError
 
 __all__ = ["Problem", "ProblemSpec", "Site", "DeterministicSite", "compile_problem", "TEMPERINGS", "trace_count"]
 
@@ -510,19 +510,54 @@ def trace_model(model, key, args: tuple, kwargs: dict):
     return handlers.trace(handlers.substitute(seeded, substitute_fn=_start_unsampleable)).get_trace(*args, **kwargs)
 
 
-def _placeholder(site):
+def _placeholder(site, allocated: list):
     """A stand-in value for a continuous latent site: the constraining transform of zeros in
     unconstrained space (0 on the real line, 1 for a positive site, an interval's midpoint, the
-    uniform simplex). Valid in the site's support and of its shape, and nothing is sampled."""
+    uniform simplex). Valid in the site's support and of its shape, and nothing is sampled.
+
+    ``allocated`` holds the number of values the trace's placeholders take so far; a site that
+    takes them beyond the memory budget is refused before its zeros are allocated."""
     if site["type"] != "sample" or site["is_observed"]:
         return None
     fn = site["fn"]
     if fn.support.is_discrete:
         return None  # drawn, so that discovery can refuse it with its own message
     transform = biject_to(fn.support)
-    shape = tuple(site["kwargs"].get("sample_shape") or ()) + tuple(fn.shape())
+    shape = tuple(int(d) for d in tuple(site["kwargs"].get("sample_shape") or ()) + tuple(fn.shape()))
+    unconstrained = tuple(int(d) for d in transform.inverse_shape(shape))
     dtype = jnp.result_type(float)
-    return transform(jnp.zeros(transform.inverse_shape(shape), dtype=dtype))
+    _count_values(site["name"], shape, max(math.prod(shape), math.prod(unconstrained)), dtype.itemsize, allocated)
+    return transform(jnp.zeros(unconstrained, dtype=dtype))
+
+
+def _count_values(name: str, shape: tuple, count: int, itemsize: int, allocated: list) -> None:
+    """Add a site's ``count`` values to ``allocated[0]``; refuse when one draw of every site so far
+    would pass the memory budget. Python ints throughout: a site of 2**32 values or more is counted
+    exactly, where a 32-bit count would wrap round and report a wrong size."""
+    from ppl.inference._base import MEMORY_BUDGET_BYTES
+
+    allocated[0] += count
+    size = allocated[0] * itemsize
+    if size > MEMORY_BUDGET_BYTES:
+        before = allocated[0] - count
+        with_others = f", with the {before} values of the sites before it," if before else ""
+        raise MemoryBudgetError(
+            f"site {name!r} of shape {shape} holds {count} values{with_others} so one draw of the model's "
+            f"parameters alone needs {size / 2**30:.1f} GiB ({allocated[0]} values × {itemsize} bytes; limit "
+            f"{MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); no method could store or update it — declare smaller sites "
+            "(narrower or fewer layers)"
+        )
+
+
+def _check_configured_size(layers: list) -> None:
+    """Refuse dense ``layers`` ((weight, bias or None, fan_in, fan_out), ...) whose widths alone ask for
+    more values than the memory budget — before the model runs, since its priors allocate arrays of
+    each weight's shape (an edited ``hidden=65536,65536`` would otherwise try for 16 GiB at once)."""
+    itemsize, allocated = jnp.result_type(float).itemsize, [0]
+    for weight, bias, fan_in, fan_out in layers:
+        _count_values(weight, (int(fan_in), int(fan_out)), int(fan_in) * int(fan_out), itemsize, allocated)
+        if bias is not None:
+            _count_values(bias, (int(fan_out),), int(fan_out), itemsize, allocated)
 
 
 def structure_trace(model, args: tuple, kwargs: dict):
@@ -530,7 +565,9 @@ def structure_trace(model, args: tuple, kwargs: dict):
     holds a placeholder in its support (see ``_placeholder``). Improper priors and distributions
     without ``sample`` run like any other; the observed sites hold the data."""
     seeded = handlers.seed(model, rng_seed=0)
-    return handlers.trace(handlers.substitute(seeded, substitute_fn=_placeholder)).get_trace(*args, **kwargs)
+    allocated = [0]
+    placeholder = lambda site: _placeholder(site, allocated)  # noqa: E731
+    return handlers.trace(handlers.substitute(seeded, substitute_fn=placeholder)).get_trace(*args, **kwargs)
 
 
 def _per_datum(log_prob, num: int) -> jax.Array:
@@ -578,6 +615,7 @@ def compile_problem(
 
     if getattr(model, "unsupervised", False):
         X = validate_unsupervised(model, data)
+        _check_configured_size([(w, b, fan_in, fan_out) for w, b, fan_in, fan_out in model.decoder_sites(X.shape[1])])
         arrays = jnp.asarray(X, dtype=float)
         kind, static, num_data = "unsupervised", (), int(X.shape[0])
     elif isinstance(model, SupervisedModel):
@@ -585,6 +623,10 @@ def compile_problem(
         if y is None:
             raise DataError("data must include targets y to fit a supervised model; got (X, None)")
         model = model.bind(X, y)
+        # Dense layers declared by widths; a Network's (and a CNN's) parameter template exists already.
+        if not model.accepts_array_inputs and hasattr(model, "layers"):
+            _check_configured_size([(layer.weight, layer.bias, layer.fan_in, layer.fan_out)
+                                    for layer in model.layers(X.shape[1])])
         arrays = (jnp.asarray(X, dtype=float), jnp.asarray(y))
         kind, static, num_data = "supervised", (), int(X.shape[0])
     elif callable(model):
@@ -644,6 +686,8 @@ def _discover_sites(problem: Problem) -> tuple:
     args, kwargs = problem._call(problem.data)
     try:
         tr = structure_trace(problem.model, args, kwargs)
+    except MemoryBudgetError:
+        raise  # a site too large to hold, refused with its size: not a failure of the program on its data
     except Exception as error:  # a user's program failing on its own data: say where
         raise DataError(
             f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "

@@ -15,6 +15,11 @@ from pathlib import Path
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 MODELS = ("linear", "logistic", "bnn", "vae")
+TASKS = ("regression", "classification")
+TASK_HELP = (
+    "what a .csv/.npz file's target is (default: guessed — text labels, or at most 20 distinct integers 0..K-1, "
+    "make a classification; other numbers a regression)"
+)
 
 
 class UsageError(Exception):
@@ -35,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     fit.add_argument("--split", type=_split_number, metavar="K",
                      help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
+    fit.add_argument("--task", choices=TASKS, help=TASK_HELP)
     fit.add_argument("--method", help="a method name (see `ppl methods`; default nuts)")
     fit.add_argument("--seed", type=_seed, help="default 0")
     fit.add_argument(
@@ -72,6 +78,7 @@ def _parser() -> argparse.ArgumentParser:
     comp.add_argument("--split", type=_split_number, metavar="K",
                       help="which canonical train/test split of a UCI set (default 0; UCI sets only)")
     comp.add_argument("--target", metavar="COLUMN", help="the column of a CSV file to predict (as for ppl fit)")
+    comp.add_argument("--task", choices=TASKS, help=TASK_HELP)
     comp.add_argument(
         "--methods", help="comma-separated method names (default: every registered method that accepts the model, "
         "less hmc and mh)",
@@ -182,17 +189,27 @@ def _model_class(name: str):
     return {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN, "vae": VAE}[name]
 
 
-def _split_settings(settings: list[str], model_cls, method_cls) -> tuple[dict, dict]:
+def _split_settings(settings: list[str], model_cls, method_cls, prefix: str = "") -> tuple[dict, dict]:
+    """``--set`` items as (model options, method options); ``prefix`` ("nuts.") is how ppl compare's
+    items named their method, for messages."""
     from ppl.inference._base import parse_value
 
     model_fields = {f.name for f in dataclasses.fields(model_cls)}
     method_fields = set(method_cls.option_defaults())
     model_hints = typing.get_type_hints(model_cls)
     model_opts, method_opts = {}, {}
+    given = {}
     for item in settings:
         if "=" not in item:
-            raise UsageError(f"--set {item!r}: expected KEY=VALUE")
+            raise UsageError(f"--set {(prefix + item)!r}: expected KEY=VALUE")
         key, text = item.split("=", 1)
+        if key in given:
+            # Keeping the last one silently would run with a value the user may not have meant.
+            raise UsageError(
+                f"--set {prefix}{key} is given twice ({(prefix + given[key])!r}, then {(prefix + item)!r}); give each "
+                "option once"
+            )
+        given[key] = item
         if key in model_fields and key != "prior":
             model_opts[key] = parse_value(text, model_hints[key], f"model option {key}")
         elif key in method_fields:
@@ -212,14 +229,19 @@ def _load_data(args):
         if getattr(args, "split", None) is not None:
             raise UsageError(f"--split applies to the UCI sets' canonical splits, not to the file {args.data}")
         if args.model == "vae":
-            if args.target is not None:
-                raise UsageError("--model vae models the data alone: drop --target")
+            for option, value in (("--target", args.target), ("--task", args.task)):
+                if value is not None:
+                    raise UsageError(f"--model vae models the data alone, with no target: drop {option}")
             data = datasets.load_file(args.data, seed=args.seed, task="unsupervised")
         else:
             if args.target is not None and Path(args.data).suffix == ".npz":
                 raise UsageError(f"--target names a CSV column, but {args.data} is a .npz file: its targets are the array y")
-            data = datasets.load_file(args.data, target=args.target, seed=args.seed)
+            data = datasets.load_file(args.data, target=args.target, seed=args.seed, task=args.task)
         print(_safe(_describe_file(args, data)))
+        if args.model != "vae":
+            # Recorded in invocation.json, so that a resume reads the target as this run did even if
+            # the guess were made differently.
+            args.task = data.task
         if data.target is not None:
             args.target = data.target  # recorded in invocation.json, so a resume reads the same column
         return data
@@ -229,9 +251,12 @@ def _load_data(args):
     if split is not None and args.data not in datasets.UCI_FOLDERS:
         raise UsageError(f"--split {split}: only the UCI sets ({', '.join(datasets.UCI_FOLDERS)}) have canonical splits; "
                          f"{args.data!r} is split by --seed")
-    if args.data in datasets.UCI_FOLDERS:
-        return datasets.load(args.data, split=split or 0)
-    return datasets.load(args.data, seed=args.seed)
+    data = datasets.load(args.data, split=split or 0) if args.data in datasets.UCI_FOLDERS else datasets.load(
+        args.data, seed=args.seed)
+    if args.task is not None and args.task != data.task:
+        raise UsageError(f"--task {args.task}: the dataset {args.data!r} has the task {data.task}; --task chooses how a "
+                         ".csv/.npz file's target is read — drop it for a named dataset")
+    return data
 
 
 def _describe_file(args, data) -> str:
@@ -246,7 +271,8 @@ def _describe_file(args, data) -> str:
         target = f"target column {data.target!r} (the last of its 2 columns; name another with --target)"
     else:
         target = f"target column {data.target!r}"
-    line = f"data: {args.data} — {rows} rows, {inputs} input column{'s' if inputs != 1 else ''}; {target}; {data.task}"
+    task = data.task if args.task is not None or data.classes is not None else f"{data.task} (guessed; --task sets it)"
+    line = f"data: {args.data} — {rows} rows, {inputs} input column{'s' if inputs != 1 else ''}; {target}; {task}"
     if data.classes is not None:
         shown = ", ".join(f"{k} = {label!r}" for k, label in enumerate(data.classes[:10]))
         more = f", … ({len(data.classes) - 10} more)" if len(data.classes) > 10 else ""
@@ -347,7 +373,7 @@ def _compare(args) -> int:
         if unknown:
             raise UsageError(f"--set {method}.{unknown[0]}: not an option of method {method!r} "
                              f"({', '.join(sorted(cls.option_defaults()))})")
-        options[method] = _split_settings(items, _model_class(args.model), cls)[1]
+        options[method] = _split_settings(items, _model_class(args.model), cls, prefix=f"{method}.")[1]
     if args.model == "vae":
         raise UsageError("ppl compare scores test predictions; a VAE has none — compare VAEs with ppl fit and their "
                          "test ELBO")
@@ -433,7 +459,8 @@ def _write_comparison(result, out: Path) -> None:
 def _compare_invocation(args) -> dict:
     return {
         "command": "compare", "model": args.model, "data": args.data, "target": args.target, "split": args.split,
-        "methods": args.methods, "reference": args.reference, "seed": args.seed, "set": list(args.set),
+        "task": args.task, "methods": args.methods, "reference": args.reference, "seed": args.seed,
+        "set": list(args.set),
     }
 
 
@@ -443,7 +470,9 @@ def _valid_compare_invocation(saved) -> bool:
 
     return (
         isinstance(saved, dict)
-        and set(saved) == {"command", "model", "data", "target", "split", "methods", "reference", "seed", "set"}
+        # task: recorded since --task came; an older comparison without it guesses again, as it did
+        and set(saved) - {"task"} == {"command", "model", "data", "target", "split", "methods", "reference", "seed", "set"}
+        and saved.get("task") in (None, *TASKS)
         and saved["command"] == "compare"
         and saved["model"] in MODELS
         and isinstance(saved["data"], str) and len(saved["data"]) < 4096
@@ -502,8 +531,8 @@ def _compare_folder(args, data) -> Path:
 
 def _invocation(args) -> dict:
     return {
-        "model": args.model, "data": args.data, "target": args.target, "split": args.split, "method": args.method,
-        "seed": args.seed, "set": list(args.set),
+        "model": args.model, "data": args.data, "target": args.target, "split": args.split, "task": args.task,
+        "method": args.method, "seed": args.seed, "set": list(args.set),
     }
 
 
@@ -513,8 +542,10 @@ def _valid_invocation(saved) -> bool:
 
     return (
         isinstance(saved, dict)
-        and set(saved) - {"split"} == {"model", "data", "target", "method", "seed", "set"}  # split: since 0.1
+        # split: since 0.1; task: since --task came (an older run without it guesses again, as it did)
+        and set(saved) - {"split", "task"} == {"model", "data", "target", "method", "seed", "set"}
         and _split_or_none(saved.get("split"))
+        and saved.get("task") in (None, *TASKS)
         and saved["model"] in MODELS
         and isinstance(saved["data"], str)
         and text_or_none(saved["target"])
@@ -579,6 +610,7 @@ def _request_devices(count) -> None:
 def _fit(args) -> int:
     import ppl
     from ppl import _interrupt, _io, _progress
+    from ppl._posterior import derived_key
     from ppl.inference import registry
 
     _request_devices(args.devices)
@@ -627,15 +659,16 @@ def _fit(args) -> int:
             # An interrupted run is saved at once: test metrics of a partial result can wait.
             interrupted = posterior.status.interrupted or _interrupt.requested()
             metrics, extras = {}, {}
+            test_key = derived_key(args.seed, TEST_STREAM)
             if not interrupted and args.model == "vae":
                 from ppl.diagnostics.vae import vae_report
 
                 # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
-                metrics = vae_report(posterior, data.test.X, seed=args.seed + 1, gap_points=0).to_dict()
-                extras[VAE_FIGURE] = _vae_figure(posterior, data, args.seed + 1)
+                metrics = vae_report(posterior, data.test.X, seed=test_key, gap_points=0).to_dict()
+                extras[VAE_FIGURE] = _vae_figure(posterior, data, test_key)
             elif not interrupted:
                 try:
-                    metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+                    metrics = ppl.evaluate(posterior, data.test, seed=test_key)
                 except MemoryBudgetError as error:
                     # The fit is worth keeping even when its test predictions would not fit in memory.
                     print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
@@ -669,9 +702,12 @@ def _fit(args) -> int:
 
 
 VAE_FIGURE = "vae.png"
+# The random stream of a fit's test metrics and figures, split from --seed: the fit itself uses the
+# seed's own key, so the test draws neither repeat the fit's nor reach outside [0, 2**32).
+TEST_STREAM = 1
 
 
-def _vae_figure(posterior, data, seed: int) -> bytes:
+def _vae_figure(posterior, data, seed) -> bytes:
     """PNG bytes: test images and their reconstructions, samples, and (2-D latents) the encoded test set."""
     import io
 

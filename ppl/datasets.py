@@ -130,14 +130,48 @@ def _split(X, y, seed: int, test_fraction: float):
     return order[n_test:], order[:n_test]
 
 
-def _standardise(train: np.ndarray, *others):
-    """``(mean, std, [train, *others] standardised)`` with the training split's statistics."""
-    mean, std = train.mean(axis=0), train.std(axis=0)
-    # A constant column is centred, not divided by zero — nor by its std's rounding error (naval's
-    # constant 0.998 column has a computed std of 2e-13, which turned it into ±1 noise).
-    constant = np.ptp(train, axis=0) == 0
-    mean, std = np.where(constant, train[0], mean), np.where(constant | ~(std > 0), 1.0, std)
-    return mean, std, [(a - mean) / std if a is not None else None for a in (train, *others)]
+def _standardise(train: np.ndarray, *others, where: str = "the data", labels: list[str] | None = None):
+    """``(mean, std, [train, *others] standardised)`` with the training split's statistics.
+
+    A column whose mean or sd overflows 64-bit floats is refused, named by ``labels`` (one phrase
+    per input column, e.g. "column 'age'"; else "input column j", counted from 0) and ``where``.
+    """
+    # An overflowing column is refused below, by name; numpy's own warning would only say "overflow".
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean, std = train.mean(axis=0), train.std(axis=0)
+        # A constant column is centred, not divided by zero — nor by its std's rounding error (naval's
+        # constant 0.998 column has a computed std of 2e-13, which turned it into ±1 noise). Compared
+        # with its first row rather than by np.ptp, whose max − min itself overflows at ±1e308.
+        constant = np.all(train == train[:1], axis=0)
+        mean, std = np.where(constant, train[0], mean), np.where(constant | ~(std > 0), 1.0, std)
+        scaled = [(a - mean) / std if a is not None else None for a in (train, *others)]
+    bad = ~(np.isfinite(mean) & np.isfinite(std))
+    for a in scaled:
+        if a is not None:
+            bad |= ~np.isfinite(a).all(axis=0)
+    if bad.any():
+        j = int(np.flatnonzero(bad)[0])
+        name = labels[j] if labels is not None else f"input column {j} (counted from 0)"
+        largest = max(float(np.max(np.abs(a[:, j]))) for a in (train, *others) if a is not None)
+        more = f" ({int(bad.sum()) - 1} more columns too)" if bad.sum() > 1 else ""
+        raise DataError(
+            f"{where}: {name} cannot be standardised{more}: its values reach {largest:.3g} in size, so its mean or "
+            "standard deviation overflows 64-bit floats (which end near 1.8e308) and the column would become "
+            "inf or zeros; rescale it (divide it by a power of ten, or take logs) or drop it before fitting"
+        )
+    return mean, std, scaled
+
+
+def _check_target_scale(y: np.ndarray, where: str, name: str) -> None:
+    """Refuse a regression target whose mean or sd overflows 64-bit floats: a model of it would see inf."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        finite = np.isfinite(y.mean(axis=0)).all() and np.isfinite(y.std(axis=0)).all()
+    if not finite:
+        raise DataError(
+            f"{where}: {name} reaches {float(np.max(np.abs(y))):.3g} in size, so its mean or standard deviation "
+            "overflows 64-bit floats (which end near 1.8e308); rescale it (divide it by a power of ten, or take "
+            "logs) before fitting"
+        )
 
 
 def _unscaled(X: np.ndarray):
@@ -438,7 +472,9 @@ def _load_uci(name: str, split, root) -> Dataset:
             raise DataError(f"{folder}: a {what} index, {int(index.max())}, is beyond the data's {size} (counted from 0)")
     check_finite(f"{data_path}", rows[:, np.append(features, target)])
     X, y = rows[:, features], rows[:, target]
-    input_mean, input_std, (X_train, X_test) = _standardise(X[train], X[test])
+    labels = [f"column {int(j)} of data.txt (counted from 0)" for j in features]
+    input_mean, input_std, (X_train, X_test) = _standardise(X[train], X[test], where=str(data_path), labels=labels)
+    _check_target_scale(y[train], str(data_path), f"the target (column {int(target)} of data.txt, counted from 0)")
     target_mean, target_std = float(y[train].mean()), float(y[train].std())
     if not target_std > 0:
         raise DataError(f"{folder}: the target is constant over the training rows of split {split}; nothing to regress")
@@ -656,10 +692,14 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     spreadsheet: the header is row 1) and the value found there.
 
     ``task``: None infers it (text labels, or at most 20 distinct integers, make a classification;
-    other numbers a regression); ``"unsupervised"``: every column (or the array X) is data, there
-    is no target and the inputs are not standardised. Otherwise the inputs are standardised with
-    the training split's statistics (kept as ``input_mean``/``input_std``); the target is used as
-    it is (``target_mean`` 0, ``target_std`` 1).
+    other numbers a regression), and refuses integers guessed to be labels 0..K-1 that cannot be
+    (a negative one, or more classes than distinct values, as 0, 100, …, 900 would make):
+    ``"regression"`` or ``"classification"`` then says which is meant. ``"unsupervised"``: every
+    column (or the array X) is data, there is no target and the inputs are not standardised.
+    Otherwise the inputs are standardised with the training split's statistics (kept as
+    ``input_mean``/``input_std``); the target is used as it is (``target_mean`` 0, ``target_std``
+    1). An input column, or a regression target, whose mean or sd overflows 64-bit floats (values
+    near 1e300) is refused by name: rescale it first.
     """
     _check_seed(seed)
     if not 0.0 < test_fraction < 1.0:
@@ -685,17 +725,24 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
     # Validate before standardising: one NaN would otherwise turn a whole column into NaN.
     X, _ = validate_supervised(_AnyTargets(), (X, y), where=str(path))
     check_finite(f"{path} y", np.asarray(y))
+    target_label = "the target y" if target_name is None else f"the target column {_shown(target_name)}"
     if classes is not None:
         task = "classification"
     elif task is None:
         integral = np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0)
         task = "classification" if integral and len(np.unique(y)) <= 20 else "regression"
+        if task == "classification":
+            _check_guessed_labels(y, str(path), target_label)
+    if task == "regression":
+        _check_target_scale(y, str(path), target_label)
     train_idx, test_idx = _split(X, y, seed, test_fraction)
     if task == "unsupervised":  # the model sees the data as they are (a Bernoulli VAE needs [0, 1])
         X_train, X_test = X[train_idx], X[test_idx]
         input_mean, input_std = _unscaled(X)
     else:
-        input_mean, input_std, (X_train, X_test) = _standardise(X[train_idx], X[test_idx])
+        labels = ([f"column {_shown(name)}" for name in features] if features is not None
+                  else [f"X column {j} (counted from 0)" for j in range(X.shape[1])])
+        input_mean, input_std, (X_train, X_test) = _standardise(X[train_idx], X[test_idx], where=str(path), labels=labels)
     num_classes = None
     if task == "classification":
         num_classes = len(classes) if classes is not None else int(np.nanmax(y)) + 1
@@ -704,6 +751,27 @@ def load_file(path, *, target: str | None = None, seed: int = 0, test_fraction: 
         path.stem, task, Split(X_train, y[train_idx]), Split(X_test, y[test_idx]), num_classes,
         input_mean=input_mean, input_std=input_std, target=target_name, features=features, classes=classes,
     )
+
+
+def _check_guessed_labels(y: np.ndarray, where: str, name: str) -> None:
+    """Refuse integer targets guessed to be class labels 0..K-1 that cannot be: a negative one, or
+    more classes than distinct values (0, 100, …, 900 would make a 901-class model of 10 values)."""
+    values = np.unique(y)
+    shown = ", ".join(f"{v:g}" for v in values[:6]) + (", …" if len(values) > 6 else "")
+    guessed = f"{name} holds {len(values)} distinct integers ({shown}), so ppl guessed a classification, but "
+    regression = "if it is a number to predict, pass task='regression' (on the command line: --task regression)"
+    if values[0] < 0:
+        raise DataError(
+            f"{where}: {guessed}class labels count from 0 and {values[0]:g} is negative; {regression}; if these are "
+            "classes, recode them as 0..K-1"
+        )
+    num_classes = float(values[-1]) + 1  # a float: labels near 1e300 are integers too
+    if num_classes > len(values):
+        raise DataError(
+            f"{where}: {guessed}as labels 0..K-1 they would make {num_classes:.6g} classes, {num_classes - len(values):.6g} "
+            f"of them absent; {regression}; if these are classes and some are absent, pass task='classification' "
+            "(--task classification), or recode them as 0..K-1"
+        )
 
 
 def read_rows(path, *, num_features: int, features: list[str] | None = None, target: str | None = None,

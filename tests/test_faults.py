@@ -604,6 +604,124 @@ def test_bad_models_and_seeds_are_refused(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="map", seed=2**64)
 
 
+# -- input that slips through (round two) --
+def _write_csv(path: Path, header: list[str], columns: list[np.ndarray]) -> Path:
+    rows = [",".join(header)] + [",".join(repr(float(v)) for v in row) for row in zip(*columns)]
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+def test_columns_whose_spread_overflows_are_refused_naming_them(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    x, huge = rng.standard_normal(40), rng.standard_normal(40) * 1e300
+    # An input column: its sd overflowed to inf, the column became zeros, and the fit said "trustworthy".
+    inputs = _write_csv(tmp_path / "inputs.csv", ["x", "huge", "y"], [x, huge, 2 * x])
+    assert main(["fit", "--model", "linear", "--data", str(inputs), "--target", "y", "--method", "exact",
+                 "--out", "run", "--no-progress"]) == 2
+    assert "column 'huge' cannot be standardised" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "runs").exists()
+    np.savez(tmp_path / "inputs.npz", X=np.stack([x, huge], axis=1), y=x)
+    with pytest.raises(ppl.DataError, match=r"X column 1 \(counted from 0\) cannot be standardised"):
+        ppl.datasets.load_file(tmp_path / "inputs.npz")
+    # A regression target the same way: a model of it would see inf.
+    target = _write_csv(tmp_path / "target.csv", ["x", "y"], [x, huge])
+    with pytest.raises(ppl.DataError, match="the target column 'y' reaches 2.2e\\+300"):
+        ppl.datasets.load_file(target)
+    # Large but representable columns are still standardised.
+    data = ppl.datasets.load_file(_write_csv(tmp_path / "fine.csv", ["x", "y"], [x * 1e150, x]))
+    assert np.all(np.isfinite(data.input_std)) and abs(float(np.std(data.train.X)) - 1.0) < 1e-9
+
+
+def test_the_largest_seed_fits_and_saves(tmp_path, monkeypatch, capsys):
+    # The test metrics once used seed + 1, which left [0, 2**32) after the whole fit had run.
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--seed", str(2**32 - 1),
+                 "--out", "run", "--no-progress"]) == 0, capsys.readouterr().err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert np.isfinite(summary["metrics"]["nll"]) and ppl.load(tmp_path / "run").seed == 2**32 - 1
+
+
+def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overrides_it(tmp_path, monkeypatch, capsys):
+    from ppl.cli import _compare_invocation, _parser, _valid_compare_invocation, _valid_invocation
+
+    monkeypatch.chdir(tmp_path)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal(40)
+    # 0, 100, …, 900 became a 901-class categorical BNN; labels -1/1 a classification of negative labels.
+    hundreds = _write_csv(tmp_path / "hundreds.csv", ["x", "y"], [x, 100.0 * (np.arange(40) % 10)])
+    with pytest.raises(ppl.DataError, match=r"901 classes, 891 of them absent; .*task='regression'"):
+        ppl.datasets.load_file(hundreds)
+    with pytest.raises(ppl.DataError, match="-1 is negative; .*--task regression"):
+        ppl.datasets.load_file(_write_csv(tmp_path / "signs.csv", ["x", "y"], [x, rng.choice([-1.0, 1.0], 40)]))
+    assert ppl.datasets.load_file(_write_csv(tmp_path / "binary.csv", ["x", "y"], [x, 1.0 * (x > 0)])).num_classes == 2
+    assert ppl.datasets.load_file(hundreds, task="classification").num_classes == 901  # asked for: as asked
+    assert ppl.datasets.load_file(hundreds, task="regression").train.y.dtype == np.float64
+
+    assert main(["fit", "--model", "linear", "--data", "hundreds.csv", "--method", "exact", "--out", "refused"]) == 2
+    assert "--task regression" in capsys.readouterr().err and not (tmp_path / "refused").exists()
+    assert main(["fit", "--model", "linear", "--data", "hundreds.csv", "--task", "regression", "--method", "exact",
+                 "--out", "run", "--no-progress"]) == 0
+    invocation = json.loads((tmp_path / "run" / "invocation.json").read_text())
+    assert invocation["task"] == "regression" and _valid_invocation(invocation)
+    assert main(["predict", "run", "--data", "hundreds.csv", "--out", "p.csv"]) == 0
+    assert (tmp_path / "p.csv").read_text().startswith("mean,")
+    capsys.readouterr()
+    assert main(["fit", "--resume", "run", "--task", "classification"]) == 2  # the recorded task is kept
+    assert "--task: the run used 'regression'" in capsys.readouterr().err
+    # An invocation written before --task came (no such key) still resumes; a malformed task does not.
+    assert _valid_invocation({k: v for k, v in invocation.items() if k != "task"})
+    assert not _valid_invocation({**invocation, "task": "ordinal"})
+    compare = _compare_invocation(_parser().parse_args(
+        ["compare", "--model", "linear", "--data", "hundreds.csv", "--seed", "0", "--task", "regression"]))
+    assert compare["task"] == "regression" and _valid_compare_invocation(compare)
+    assert _valid_compare_invocation({k: v for k, v in compare.items() if k != "task"})
+    assert not _valid_compare_invocation({**compare, "task": 3})
+    assert main(["compare", "--model", "linear", "--data", "linear", "--task", "classification", "--methods", "exact",
+                 "--reference", "none", "--out", "cmp"]) == 2
+    assert "the dataset 'linear' has the task regression" in capsys.readouterr().err and not (tmp_path / "cmp").exists()
+
+
+def test_empty_widths_repeated_options_and_sites_of_2_to_the_32_values_are_refused(
+        tmp_path, monkeypatch, capsys, linear_model, linear_data):
+    from ppl.inference._base import parse_value
+
+    monkeypatch.chdir(tmp_path)
+    fit = ["fit", "--model", "bnn", "--data", "linear", "--method", "map", "--out", "fitted", "--no-progress"]
+    # "hidden=," dropped its empty entries and built a network without hidden layers (hidden=0 is refused).
+    assert main([*fit, "--set", "hidden=,"]) == 2
+    assert "',' has an empty entry" in capsys.readouterr().err
+    assert parse_value("32,", tuple, "hidden") == (32,) and parse_value("()", tuple, "hidden") == ()
+    # A repeated option kept its last value without a word.
+    assert main([*fit, "--set", "steps=5", "--set", "steps=7"]) == 2
+    assert "--set steps is given twice ('steps=5', then 'steps=7')" in capsys.readouterr().err
+    assert main(["compare", "--model", "linear", "--data", "linear", "--methods", "exact", "--reference", "none",
+                 "--set", "exact.num_draws=5", "--set", "exact.num_draws=7", "--out", "cmp"]) == 2
+    assert "--set exact.num_draws is given twice" in capsys.readouterr().err
+    # A weight of 65536 × 65536 = 2**32 values: refused with its true size before its prior's zeros
+    # (16 or 32 GiB) are allocated; the same for a plain program's site.
+    assert main([*fit, "--set", "hidden=65536,65536"]) == 2
+    assert "site 'w1' of shape (65536, 65536) holds 4294967296 values" in capsys.readouterr().err
+    assert not (tmp_path / "fitted").exists() and not (tmp_path / "cmp").exists()
+
+    def wide(y):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([2**16, 2**16]).to_event(2))
+        numpyro.sample("y", dist.Normal(w[0, 0], 1.0), obs=y)
+
+    with pytest.raises(ppl.MemoryBudgetError, match=r"'w' of shape \(65536, 65536\) holds 4294967296 values"):
+        ppl.fit(wide, {"y": np.zeros(3)}, method="map", seed=0)
+    # A saved run whose sites were edited to 2**32 × 2**32: an int64 count wrapped round to 0 and
+    # the refusal expected a wrong shape.
+    folder = tmp_path / "saved"
+    ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=50).save(folder)
+    meta = json.loads((folder / "posterior.json").read_text())
+    meta["sites"][0][1] = meta["sites"][0][2] = [2**32, 2**32]
+    (folder / "posterior.json").write_text(json.dumps(meta))
+    reseal(folder)
+    with pytest.raises(ppl.RunError, match=rf"expected \[1, 50, {2**64 + 1}\]"):
+        ppl.load(folder)
+
+
 # -- 10. diagnostics edge cases ------------------------------------------------------------------------
 def _sampler_posterior(problem, flat, **info):
     return ppl.Posterior(method="nuts", kind="chains", problem=problem, flat_draws=flat, info=info)
