@@ -70,6 +70,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
         num_chains=posterior.num_chains,
         num_draws=posterior.num_draws,
         wall_time_s=posterior.wall_time_s,
+        target=_target(posterior.provenance),
     )
     found = _Findings(record)
     nonfinite = _nonfinite_draws(posterior)
@@ -95,6 +96,16 @@ def compute_diagnostics(posterior) -> Diagnostics:
     _loo(posterior, found, nonfinite, log_ratios)
     record.ok = all(c.passed for c in record.checks)
     return record
+
+
+def _target(provenance: dict) -> str | None:
+    """Which posterior the run is, when an option replaced part of the declared model (None: the
+    declared model's)."""
+    declared = (provenance or {}).get("declared_model")
+    if not isinstance(declared, str):
+        return None
+    return (f"the posterior with {provenance.get('replaced')}, set by {provenance.get('replaced_by')}: not the declared "
+            "model's posterior")
 
 
 def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:

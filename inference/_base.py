@@ -42,6 +42,9 @@ class Method:
     kind: ClassVar[str] = ""
     # Whether the method serves models with local latents (a VAE's per-datum z) as a whole.
     supports_local: ClassVar[bool] = False
+    # Options that, when set, fit a changed model (Laplace's prior_precision replaces the declared
+    # prior): the run is then recorded and judged as the posterior of the model actually used.
+    model_options: ClassVar[tuple] = ()
 
     def __post_init__(self):
         check_option_types(self)

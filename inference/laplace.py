@@ -81,6 +81,7 @@ class Laplace(Method):
 
     name = "laplace"
     kind = "independent"
+    model_options = ("prior_precision",)
     description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, last layer or a mask"
 
     subset: Any = "auto"

@@ -40,6 +40,7 @@ class MoLA(Method):
 
     name = "mola"
     kind = "mixture"
+    model_options = ("prior_precision",)
     description = "mixture of last-layer Laplace approximations around M MAP networks trained as one program"
 
     num_members: int = 5

@@ -124,7 +124,7 @@ def fit(
         if len(chosen) > 1:
             posterior.info = {**(posterior.info or {}), "devices": len(chosen)}
         posterior.fingerprint = fingerprint
-        posterior.provenance = _io.provenance(problem)
+        posterior.provenance = _io.provenance(problem, posterior.problem, method_obj)
         return posterior
 
     start = time.perf_counter()

@@ -393,10 +393,33 @@ def describe_model(model) -> str:
     return f"program {getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', '?')}"
 
 
-def provenance(problem) -> dict:
+def provenance(problem, fitted=None, method=None) -> dict:
     """What ran, for the output and the saved run: the model with its settings, the number of
-    data rows (the command line adds their source), the package versions."""
-    return {"model": describe_model(problem.model), "data": {"rows": problem.num_data}, "versions": package_versions()}
+    data rows (the command line adds their source), the package versions.
+
+    ``fitted``: the Problem the method's result is the posterior of. Where a method's option
+    replaced part of the declared model (Laplace's ``prior_precision``), ``model`` is the model
+    actually used, ``declared_model`` the one declared and ``replaced_by`` the options: nobody
+    should read the run as the declared model's posterior."""
+    record = {"model": describe_model(problem.model), "data": {"rows": problem.num_data}, "versions": package_versions()}
+    used = None if fitted is None or fitted.model is None else describe_model(fitted.model)
+    if used is not None and used != record["model"]:
+        options = method.as_dict() if method is not None else {}
+        named = [f"{k}={options[k]!r}" for k in getattr(method, "model_options", ()) if options.get(k) is not None]
+        record.update(model=used, declared_model=record["model"], replaced_by=", ".join(named) or "the method's options",
+                      replaced=_model_difference(problem.model, fitted.model) or used)
+    return record
+
+
+def _model_difference(declared, used) -> str | None:
+    """The settings in which model ``used`` differs from ``declared``, as 'field=used (declared: …)'."""
+    import dataclasses
+
+    if type(declared) is not type(used) or not dataclasses.is_dataclass(declared):
+        return None
+    changed = [f"{f.name}={getattr(used, f.name)!r} (declared: {getattr(declared, f.name)!r})"
+               for f in dataclasses.fields(declared) if getattr(declared, f.name) != getattr(used, f.name)]
+    return ", ".join(changed) or None
 
 
 def not_importable(model) -> str | None:
@@ -847,7 +870,7 @@ _DIAGNOSTIC_TYPES = {
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
     "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER,
     "elpd_loo_pointwise": (list, type(None)), "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
-    "wall_time_s": _NUMBER, "warnings": list, "ok": bool, "notes": dict, "checks": list,
+    "wall_time_s": _NUMBER, "target": (str, type(None)), "warnings": list, "ok": bool, "notes": dict, "checks": list,
 }
 _CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "threshold": (int, float, type(None)),
                 "passed": (bool,), "message": (str,)}
@@ -976,6 +999,7 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
             raise check.fail("(fields)", "Diagnostics fields only", unknown)
         # runs saved before pointwise LOO values were kept have none
         diagnostics.setdefault("elpd_loo_pointwise", None)
+        diagnostics.setdefault("target", None)  # runs saved before replaced models were recorded
         for field, kinds in _DIAGNOSTIC_TYPES.items():
             value = diagnostics.get(field)
             allowed = kinds if isinstance(kinds, tuple) else (kinds,)
@@ -1337,9 +1361,34 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         posterior.local_guide = _local_guide(folder, problem, meta, arrays)
     posterior.resume_state = resume
     posterior.fingerprint = meta.get("fingerprint")
-    posterior.provenance = meta["provenance"]
+    posterior.provenance = _replacement_from_records(meta, problem.model, folder)
     # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
     return posterior, resume, meta
+
+
+def _replacement_from_records(meta: dict, used, folder: Path) -> dict:
+    """The saved provenance, with what says whether an option replaced part of the declared model
+    derived again from the records that decide it — the model fitted against the model in the
+    fingerprint (what the user declared) — never read from the provenance's own words."""
+    provenance = {k: v for k, v in meta["provenance"].items() if k not in ("declared_model", "replaced", "replaced_by")}
+    declared_record = (meta.get("fingerprint") or {}).get("model")
+    if not isinstance(declared_record, dict) or _plain(declared_record) == _plain(meta["model"]):
+        return provenance
+    from ppl.inference.registry import get
+    from ppl.models import from_config
+
+    try:
+        declared = from_config(declared_record)
+    except (ValueError, TypeError, KeyError) as error:
+        raise RunError(f"{folder}/{META}: the fingerprint's model configuration is invalid ({error})") from None
+    method = get(meta["method"])
+    named = [f"{k}={meta['options'][k]!r}" for k in method.model_options if meta["options"].get(k) is not None]
+    if not named:
+        raise RunError(f"{folder}/{META}: the model fitted differs from the one declared, but no option of "
+                       f"{meta['method']} replaces part of a model — the file was edited")
+    provenance.update(model=describe_model(used), declared_model=describe_model(declared), replaced_by=", ".join(named),
+                      replaced=_model_difference(declared, used) or describe_model(used))
+    return provenance
 
 
 def _local_guide(folder, problem, meta: dict, arrays: dict):

@@ -171,6 +171,9 @@ class Diagnostics:
     iwae: float | None = None
     log_evidence: float | None = None
     wall_time_s: float | None = None
+    # None when the run is the posterior of the declared model; otherwise which posterior it is
+    # (an option such as Laplace's prior_precision replaced part of the model) — the verdict says it
+    target: str | None = None
     warnings: list = field(default_factory=list)
     ok: bool = True
     notes: dict = field(default_factory=dict)
@@ -207,6 +210,8 @@ class Diagnostics:
             if self.num_chains * self.num_draws == 1:
                 basis += "; a point estimate carries no posterior uncertainty"
             line = f"verdict: trustworthy — {basis}"
+        if self.target is not None:
+            line += f"; judged as {self.target}"
         if self.loo_khat_bad:
             line += (
                 f"; PSIS-LOO is unreliable for {self.loo_khat_bad} observation(s) (Pareto k > 0.7) — that concerns "
@@ -232,6 +237,8 @@ class Diagnostics:
             if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks", "elpd_loo_pointwise"):
                 continue
             value = getattr(self, f.name)
+            if f.name == "target" and value is None:
+                continue  # the declared model's posterior: nothing to say
             if value is None:
                 note = self.notes.get(f.name, "")
                 shown = f"—  [{numbered[note]}]" if note in numbered else "—  " + note

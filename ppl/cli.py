@@ -837,9 +837,14 @@ def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
         described += f"; {_scaling_text(data)}"
     shown_options = ", ".join(f"{k}={v!r}" for k, v in options.items())
     versions = ", ".join(f"{k} {v}" for k, v in (provenance.get("versions") or {}).items())
+    replaced = []
+    if provenance.get("declared_model"):
+        replaced = [f"  replaced  by {provenance['replaced_by']}: {provenance.get('replaced')} — the posterior of the "
+                    "model above, not of the declared one"]
     return [
         "what ran:",
         f"  model     {provenance.get('model', '?')}",
+        *replaced,
         f"  data      {described}",
         f"  method    {method}({shown_options})",
         f"  seed      {seed}",

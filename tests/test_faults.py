@@ -1068,3 +1068,213 @@ def test_a_map_at_a_kink_of_a_piecewise_linear_loss_is_converged(offset):
     assert post.trace.grad_norm > 0.5
     assert post.status.converged and "kink" in post.status.convergence
     assert post.diagnostics().ok
+
+
+# -- round two: folders ppl did not write, stored verdicts, non-finite partials, replaced models --------
+def _compare_cli(out, *extra):
+    return ["compare", "--model", "linear", "--data", "linear", "--methods", "map", "--reference", "exact",
+            "--out", str(out), *extra]
+
+
+def test_compare_force_never_deletes_a_fit_run_or_a_users_folder(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", "fitrun"]) == 0
+    before = sorted(p.name for p in (tmp_path / "fitrun").iterdir())
+    assert main(_compare_cli("fitrun", "--force")) == 2
+    assert "holds a ppl run" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "fitrun").iterdir()) == before
+    ppl.load(tmp_path / "fitrun")  # untouched
+    thesis = tmp_path / "thesis"
+    thesis.mkdir()
+    (thesis / "thesis.tex").write_text("precious")
+    (thesis / "report.html").write_text("<p>mine</p>")
+    assert main(_compare_cli(thesis, "--force")) == 2
+    assert "not a ppl comparison" in capsys.readouterr().err
+    assert (thesis / "thesis.tex").read_text() == "precious" and (thesis / "report.html").read_text() == "<p>mine</p>"
+
+
+def test_compare_force_replaces_its_own_report_and_only_that(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(_compare_cli("cmp")) == 0
+    manifest = json.loads((tmp_path / "cmp" / _io.COMPARISON_MANIFEST).read_text())
+    assert manifest["status"] == "complete" and {"report.html", "fits", "invocation.json"} <= set(manifest["entries"])
+    assert main(_compare_cli("cmp")) == 2  # a report is replaced only when asked
+    assert "--force" in capsys.readouterr().err
+    assert main(_compare_cli("cmp", "--force")) == 0
+    (tmp_path / "cmp" / "notes.txt").write_text("mine")  # a file ppl did not write
+    assert main(_compare_cli("cmp", "--force")) == 2
+    assert "notes.txt" in capsys.readouterr().err and (tmp_path / "cmp" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "cmp" / "report.html").exists()
+
+
+def test_compare_takes_the_writer_lock_of_fit_on_the_resolved_path(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    # another process holds the writer's lock of the folder the link points into
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from ppl import _io\nwith _io.run_lock(sys.argv[1]):\n"
+         "    print('held', flush=True); time.sleep(120)", str(tmp_path / "real" / "cmp")],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert main(_compare_cli(tmp_path / "link" / "cmp")) == 2
+        assert "another ppl process is writing" in capsys.readouterr().err
+    finally:
+        holder.kill()
+        holder.wait()
+        holder.stdout.close()
+    assert not (tmp_path / "real" / "cmp").exists()
+
+
+def _edit_json(folder: Path, name: str, edit) -> None:
+    record = json.loads((folder / name).read_text())
+    edit(record)
+    _reseal_with(folder, name, json.dumps(record).encode())
+
+
+def _edit_arrays(folder: Path, edit) -> None:
+    with np.load(folder / "arrays.npz") as stored:
+        arrays = dict(stored)
+    edit(arrays)
+    with open(folder / "arrays.npz", "wb") as handle:
+        np.savez(handle, **arrays)
+    reseal(folder)
+
+
+@pytest.fixture()
+def unconverged_run(tmp_path, linear_model, linear_data):
+    # 5 steps of SVI: the run's own records say it did not converge, so its verdict is not ok
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, steps=5, num_draws=50)
+    assert not post.diagnostics().ok
+    post.save(tmp_path / "run")
+    return tmp_path / "run"
+
+
+@pytest.mark.parametrize("edit", [
+    lambda r: [c.update(passed=True, message="") for c in r["checks"]] and None or r.update(ok=True, warnings=[]),
+    lambda r: r.update(checks=[], ok=True, warnings=[]),
+])
+def test_a_stored_verdict_is_recomputed_never_read(unconverged_run, edit, capsys):
+    _edit_json(unconverged_run, "diagnostics.json", edit)
+    post = ppl.load(unconverged_run)
+    assert not post.diagnostics().ok and not post.status.converged
+    assert any(c.field == "status.converged" and not c.passed for c in post.diagnostics().checks)
+    assert main(["show", str(unconverged_run)]) == 0
+    assert "verdict: NOT trustworthy" in capsys.readouterr().out
+
+
+def test_a_detached_runs_saved_verdict_is_decided_again_from_its_values(tmp_path):
+    post = ppl.fit(mean_program, {"values": np.arange(4.0)}, method="nuts", seed=0, num_chains=2, num_warmup=30,
+                   num_samples=30)
+    post.save(tmp_path / "r")
+    record = json.loads((tmp_path / "r" / "diagnostics.json").read_text())
+
+    def lie(r):  # every check marked passed, a failing R-hat among them, the record's own field agreeing
+        for c in r["checks"]:
+            c.update(passed=True, message="")
+            if c["field"] == "rhat_max":
+                c.update(value=1.5)
+        r.update(rhat_max=1.5, ok=True, warnings=[])
+    assert any(c["field"] == "rhat_max" for c in record["checks"])
+    _edit_json(tmp_path / "r", "diagnostics.json", lie)
+    loaded = ppl.load(tmp_path / "r")
+    assert loaded.is_detached and not loaded.diagnostics().ok
+    assert "rhat_max" in [c.field for c in loaded.diagnostics().failed]
+    assert any("rhat_max = 1.5" in w for w in loaded.diagnostics().warnings)
+    _edit_json(tmp_path / "r", "diagnostics.json", lambda r: r.update(checks=[], ok=True))
+    with pytest.raises(ppl.RunError, match="diagnostics.json: check .* is missing"):
+        ppl.load(tmp_path / "r")
+
+
+def test_exact_draws_shifted_away_from_their_approximation_are_refused(tmp_path, linear_model, linear_data):
+    ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=200).save(tmp_path / "r")
+    _edit_arrays(tmp_path / "r", lambda a: a.update(flat_draws=a["flat_draws"] + 100.0))
+    with pytest.raises(ppl.RunError, match="flat_draws.*not hold draws of the saved approximation"):
+        ppl.load(tmp_path / "r")
+
+
+def test_a_nan_point_estimate_is_refused(tmp_path, linear_model, linear_data):
+    ppl.fit(linear_model, linear_data.train, method="map", seed=0).save(tmp_path / "r")
+    _edit_arrays(tmp_path / "r", lambda a: a.update(flat_draws=np.full_like(a["flat_draws"], np.nan)))
+    with pytest.raises(ppl.RunError, match="point estimate differ"):
+        ppl.load(tmp_path / "r")
+    _edit_arrays(tmp_path / "r", lambda a: a.update({"approximation/loc": np.full_like(a["approximation/loc"], np.nan)}))
+    with pytest.raises(ppl.RunError, match="non-finite"):
+        ppl.load(tmp_path / "r")
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("method", "nuts", "kind"),  # a MAP relabelled a sampler: kind point is not a NUTS posterior
+    ("method", "nosuch", "registered method"),
+    ("wall_time_s", -1.0, "wall_time_s"),
+    ("num_draws", 2, "num_draws"),
+])
+def test_a_map_run_with_impossible_metadata_is_refused(tmp_path, linear_model, linear_data, field, value, match):
+    ppl.fit(linear_model, linear_data.train, method="map", seed=0).save(tmp_path / "r")
+    _edit_json(tmp_path / "r", "posterior.json", lambda m: m.update({field: value}))
+    with pytest.raises(ppl.RunError, match=match):
+        ppl.load(tmp_path / "r")
+
+
+def test_counts_float16_and_draw_counts_that_disagree_are_refused(saved_run):
+    folder, _ = saved_run
+    original = (folder / "posterior.json").read_bytes(), (folder / "arrays.npz").read_bytes()
+
+    def restore():
+        (folder / "posterior.json").write_bytes(original[0])
+        (folder / "arrays.npz").write_bytes(original[1])
+        reseal(folder)
+
+    _edit_json(folder, "posterior.json", lambda m: m["records"]["status"].update(steps_done=-5))
+    with pytest.raises(ppl.RunError, match="steps_done"):
+        ppl.load(folder)
+    restore()
+    _edit_json(folder, "posterior.json", lambda m: m["options"].update(num_draws=60))  # 50 are stored
+    with pytest.raises(ppl.RunError, match="num_draws"):
+        ppl.load(folder)
+    restore()
+    _edit_arrays(folder, lambda a: a.update(flat_draws=a["flat_draws"].astype(np.float16)))
+    with pytest.raises(ppl.RunError, match="float16"):
+        ppl.load(folder)
+
+
+def test_a_non_finite_failure_saves_a_partial_that_loads(tmp_path, capsys, monkeypatch):
+    # One step at learning rate 1e30 leaves SVI's parameters finite but its scales exp(-1e30) = 0;
+    # the saved partial is the last state that builds a usable posterior (here the start).
+    monkeypatch.chdir(tmp_path)
+    command = ["fit", "--model", "linear", "--data", "linear", "--method", "svi", "--set", "learning_rate=1e30",
+               "--set", "init=prior", "--set", "num_draws=50", "--out", "nf"]
+    assert main(command) == 1
+    err = capsys.readouterr().err
+    assert "saved in nf (marked failed)" in err and "non-finite at step" in err
+    post = ppl.load(tmp_path / "nf")
+    assert post.status.failed and not post.diagnostics().ok
+    assert np.all(np.isfinite(post.flat_draws)) and np.all(np.asarray(post.approximation.cov.scale) > 0)
+    assert main(["show", "nf"]) == 0
+    shown = capsys.readouterr().out
+    assert "status failed" in shown and "verdict: NOT trustworthy" in shown
+    # resuming continues from that state with the same options, and fails the same way, saying so
+    assert main(["fit", "--resume", "nf"]) == 1
+    assert "non-finite" in capsys.readouterr().err
+    assert ppl.load(tmp_path / "nf").status.failed
+
+
+def test_a_replaced_prior_is_recorded_shown_and_named_in_the_verdict(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    command = ["fit", "--model", "bnn", "--data", "two_moons", "--method", "laplace", "--set", "hidden=8",
+               "--set", "prior_precision=1e6", "--set", "num_draws=50", "--out", "lp"]
+    assert main(command) == 0
+    out = capsys.readouterr().out
+    assert "replaced  by prior_precision=1000000.0: prior=PerLayer(scales=(0.001, 0.001)) (declared: None)" in out
+    assert "not the declared model's posterior" in out.splitlines()[-1] or "not the declared model's posterior" in out
+    post = ppl.load(tmp_path / "lp")
+    assert post.provenance["declared_model"].startswith("BNN(hidden=(8,)") and "prior=None" in post.provenance["declared_model"]
+    assert "set by prior_precision=1000000.0" in post.diagnostics().verdict()
+    # the provenance's own words are not what says so: deleting them changes nothing on load
+    _edit_json(tmp_path / "lp", "posterior.json",
+               lambda m: [m["provenance"].pop(k) for k in ("declared_model", "replaced", "replaced_by")])
+    assert "set by prior_precision=1000000.0" in ppl.load(tmp_path / "lp").diagnostics().verdict()
+    assert main(["show", "lp"]) == 0
+    assert "not the declared model's posterior" in capsys.readouterr().out
