@@ -73,6 +73,8 @@ def compute_diagnostics(posterior) -> Diagnostics:
         target=_target(posterior.provenance),
     )
     found = _Findings(record)
+    if record.target is None:
+        found.note("target", "the posterior of the declared model (no option replaced part of it)")
     nonfinite = _nonfinite_draws(posterior)
     found.check(
         "draws", nonfinite, 0, nonfinite == 0,

@@ -6,7 +6,8 @@ A run folder holds
   layout, scalar ``info``, the run's status and fingerprint (what resuming must match);
 * ``arrays.npz`` — flat unconstrained draws, constrained draws (plain programs), the training data,
   the fitted approximation, array-valued ``info``, and the state to resume from (partial runs);
-* ``diagnostics.json`` — the diagnostics record, so a run can be shown without recomputing it;
+* ``diagnostics.json`` — the diagnostics as measured at save time (a load recomputes them from the
+  draws; only a detached run, whose model cannot run, shows them, with the verdict decided again);
 * optional extra files (the CLI's ``summary.json``);
 * ``manifest.json`` — written last: the format version and the size and SHA-256 of every file.
 
@@ -14,6 +15,10 @@ A run folder holds
 renamed into place; an existing run is first renamed aside and removed only after the new one is
 in place. A reader therefore sees the old run or the new one, never a mixture. A lock file beside
 the folder keeps a second writer out, and a folder that is not a ppl run is never written into.
+
+**The checksums guard against accidents, not against someone who can write the folder** (who can
+recompute them): what a load believes rests on the checks that the stored arrays are what the run
+claims (method, kind, layout, draws of the stored approximation) and on recomputing the verdict.
 
 **Loading never runs code the files name.** JSON and ``.npz`` (``allow_pickle=False``) only;
 every value read is checked against the schema below (types, shapes, dtypes, sizes, checksums)
