@@ -554,6 +554,9 @@ def _fit(args) -> int:
     model_opts, method_opts = _split_settings(args.set, _model_class(args.model), method_cls)
     data = _load_data(args)
     model = _build_model(args, data, model_opts)
+    # Start-up is over: a Ctrl-C whose KeyboardInterrupt was dropped on the way stops here, before
+    # the folder is touched.
+    _interrupt.raise_pending()
     out = _out_folder(args, data)
     _check_out(out)
     # bars (on stderr) when stderr is a terminal, never with --no-progress
@@ -1226,26 +1229,40 @@ def _methods(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    from ppl import _interrupt
+
     handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "calibrate": _calibrate,
                 "datasets": _datasets, "methods": _methods}
-    try:
-        return handlers[args.command](args)
-    except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
-        print(f"ppl {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except NonFiniteError as error:
-        print(f"ppl {args.command}: training failed: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"ppl {args.command}: interrupted before there was anything to save", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
-        import os
+    name = "ppl"  # "ppl fit", "ppl show", … once the arguments are parsed
+    # Ctrl-C is the command's from its first moment to its last: it is remembered until acted on, and
+    # ends the command with 128 + its number.
+    with _interrupt.command():
+        try:
+            args = _parser().parse_args(argv)
+            name = f"ppl {args.command}"
+            code = handlers[args.command](args)
+            if code == 0 and _interrupt.pending():
+                # The signal came as the command finished, or its KeyboardInterrupt was dropped where
+                # nothing read the request: the output is complete, but a caller must still see the stop.
+                print(f"{name}: interrupted as it finished; what it printed and saved is complete",
+                      file=sys.stderr)
+                return _interrupt.exit_status()
+            return code
+        except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
+            print(f"{name}: error: {error}", file=sys.stderr)
+            return 2
+        except NonFiniteError as error:
+            print(f"{name}: training failed: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted before there was anything to save", file=sys.stderr)
+            return _interrupt.exit_status()
+        except BrokenPipeError:
+            # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
+            import os
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
 
 if __name__ == "__main__":

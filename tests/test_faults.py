@@ -456,6 +456,108 @@ def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
     assert main(["show", str(out)]) == 0
 
 
+# -- signals (round two) --
+# Ctrl-C at any moment of a command.
+def _read_until(child, marker: str, deadline_s: float = 900) -> None:
+    """Read the child's stdout until a line equal to ``marker`` (generous deadline: CI runs these
+    beside a second pytest worker)."""
+    deadline = time.perf_counter() + deadline_s
+    for line in child.stdout:
+        if line.strip() == marker:
+            return
+        if time.perf_counter() > deadline:
+            break
+    pytest.fail(f"the child never printed {marker!r} (exit status {child.poll()})")
+
+
+def _stop(child, signum: int, timeout_s: float = 120) -> tuple[str, float]:
+    """Send ``signum``; return the child's stderr and the seconds it took to exit."""
+    sent = time.perf_counter()
+    child.send_signal(signum)
+    try:
+        _, err = child.communicate(timeout=timeout_s)
+    finally:
+        if child.poll() is None:  # never leave a long run behind a failed test
+            child.kill()
+            child.communicate()
+    return err, time.perf_counter() - sent
+
+
+def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkeypatch, capsys):
+    from ppl import cli
+
+    class Finaliser:
+        def __del__(self):
+            # A KeyboardInterrupt raised here cannot propagate: Python drops it ("Exception
+            # ignored"), as it does in JAX's garbage-collection callback.
+            signal.raise_signal(signal.SIGINT)
+
+    real = cli._load_data
+
+    def load(args):
+        data = real(args)
+        Finaliser()  # unreferenced, so finalised at once
+        return data
+
+    monkeypatch.setattr(cli, "_load_data", load)
+    out = tmp_path / "run"
+    code = main(["fit", "--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=300", "--out",
+                 str(out), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert "interrupted before there was anything to save" in err
+    assert "Exception ignored" not in err  # the dropped exception's traceback would only alarm
+    assert not out.exists()  # stopped before the folder was touched
+
+
+STARTUP_SCRIPT = textwrap.dedent(
+    """
+    import signal
+    import sys
+    # Ctrl-C's disposition in a terminal (see SIGINT_SCRIPT for why it is set here).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    import ppl._fit, ppl._progress, ppl.cli
+
+    def announce(module, name, marker):
+        real = getattr(module, name)
+
+        def announced(*args, **kwargs):
+            print(marker, flush=True)
+            return real(*args, **kwargs)
+
+        setattr(module, name, announced)
+
+    # Each phase of start-up prints its name as it begins, so the test presses Ctrl-C inside it.
+    announce(ppl.cli, "_parser", "parsing")
+    announce(ppl.cli, "_load_data", "loading")
+    announce(ppl._fit, "compile_problem", "compiling")
+    announce(ppl._progress, "task", "looping")  # the first chunk of the first loop compiles
+    sys.exit(ppl.cli.main(["fit", "--model", "bnn", "--data", "digits", "--method", "svi", "--set", "hidden=16",
+                           "--set", "steps=100000", "--out", sys.argv[1], "--no-progress"]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["parsing", "loading", "compiling", "looping"])
+def test_ctrl_c_during_start_up_exits_130_within_seconds(tmp_path, phase):
+    out = tmp_path / "run"
+    script = tmp_path / "fit.py"
+    script.write_text(STARTUP_SCRIPT)
+    child = subprocess.Popen([sys.executable, str(script), str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path)
+    _read_until(child, phase)
+    err, stopped = _stop(child, signal.SIGINT)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err and "Exception ignored" not in err
+    # The stop is at the next chunk boundary at the latest (the first chunk is one step): seconds on
+    # an idle machine, whereas 100,000 steps of svi would take many minutes.
+    assert stopped < 60, stopped
+    if out.exists():  # stopped in the loop: the state is kept, marked interrupted, and resumable
+        meta, _, _ = _io.read_run_meta(out)
+        assert meta["status"] == "interrupted" and meta["resume"] is not None
+
+
 def test_cli_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, monkeypatch):
     common = ["--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=400", "--no-progress"]
     assert main(["fit", *common, "--out", str(tmp_path / "whole")]) == 0
