@@ -562,73 +562,97 @@ def _fit(args) -> int:
     # bars (on stderr) when stderr is a terminal, never with --no-progress
     _progress.enable(False if args.no_progress else None)
     invocation = _invocation(args)
-    # From here to the save, a first Ctrl-C only asks the running loop to stop: the result reached
-    # is still diagnosed and saved. A second one skips to saving what there is.
-    with _io.run_lock(out), _interrupt.guard():
-        if args.resume is None and (out / "manifest.json").is_file():
-            _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
-        target = _io.RunTarget(out, {INVOCATION: invocation})
+    posterior = diagnostics = None
+    record, extras = {"data": data.name, "model": args.model, "metrics": {}}, {}
+    with _io.run_lock(out):
         try:
-            posterior = ppl.fit(
-                model, data.train.X if args.model == "vae" else data.train, method=args.method, seed=args.seed,
-                checkpoint=target if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
-                resume=args.resume, devices=args.devices, **method_opts,
-            )
-        except ppl.Interrupted as stop:
-            _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
-                         status="interrupted", extra_files={INVOCATION: invocation})
-            print(f"interrupted before the first draw; the state is saved in {out} — continue with: ppl fit --resume {out}",
-                  file=sys.stderr)
-            return 130
-        except NonFiniteError as error:
-            if error.partial is not None:
-                _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
-                print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
-            raise
-        posterior.provenance["data"].update(_data_source(args, data))
-        try:
-            diagnostics = posterior.diagnostics()
-            # An interrupted run is saved at once: test metrics of a partial result can wait.
-            interrupted = posterior.status.interrupted or _interrupt.requested()
-            metrics, extras = {}, {}
-            if not interrupted and args.model == "vae":
-                from ppl.diagnostics.vae import vae_report
-
-                # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
-                metrics = vae_report(posterior, data.test.X, seed=args.seed + 1, gap_points=0).to_dict()
-                extras[VAE_FIGURE] = _vae_figure(posterior, data, args.seed + 1)
-            elif not interrupted:
+            # Through the fit and its diagnostics, a first Ctrl-C only asks the running
+            # loop to stop: the result reached is still diagnosed and saved. A second one skips to
+            # saving what there is.
+            with _interrupt.guard():
+                if args.resume is None and (out / "manifest.json").is_file():
+                    _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
+                target = _io.RunTarget(out, {INVOCATION: invocation})
                 try:
-                    metrics = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
-                except MemoryBudgetError as error:
-                    # The fit is worth keeping even when its test predictions would not fit in memory.
-                    print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
-            record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
-            if args.kfold and not interrupted:
+                    posterior = ppl.fit(
+                        model, data.train.X if args.model == "vae" else data.train, method=args.method,
+                        seed=args.seed, checkpoint=target if args.checkpoint_every else None,
+                        checkpoint_every=args.checkpoint_every, resume=args.resume, devices=args.devices,
+                        **method_opts,
+                    )
+                except ppl.Interrupted as stop:
+                    _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
+                                 status="interrupted", extra_files={INVOCATION: invocation})
+                    print(f"interrupted before the first draw; the state is saved in {out} — continue with: "
+                          f"ppl fit --resume {out}", file=sys.stderr)
+                    return _interrupt.exit_status()
+                except NonFiniteError as error:
+                    if error.partial is not None:
+                        _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
+                        print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
+                    raise
+                posterior.provenance["data"].update(_data_source(args, data))
+                diagnostics = posterior.diagnostics()
+            record["diagnostics"] = diagnostics.to_dict()
+            if posterior.status.interrupted:
+                # An interrupted run is saved at once: test metrics of a partial result can wait.
+                record["skipped"] = "test metrics, as the run was interrupted (resuming it to the end computes them)"
+            else:
+                # No loop is left to ask: from here a Ctrl-C stops the test metrics at once, and one
+                # pressed during the diagnostics stops them before they start.
+                _interrupt.raise_pending()
                 if args.model == "vae":
-                    raise UsageError("--kfold scores held-out targets; a VAE has none (see its test ELBO instead)")
-                cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
-                               seed=args.seed, **method_opts)
-                record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
+                    from ppl.diagnostics.vae import vae_report
+
+                    # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
+                    record["metrics"] = vae_report(posterior, data.test.X, seed=args.seed + 1, gap_points=0).to_dict()
+                    extras[VAE_FIGURE] = _vae_figure(posterior, data, args.seed + 1)
+                else:
+                    try:
+                        record["metrics"] = ppl.evaluate(posterior, data.test, seed=args.seed + 1)
+                    except MemoryBudgetError as error:
+                        # The fit is worth keeping even when its test predictions would not fit in memory.
+                        print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
+                if args.kfold:
+                    if args.model == "vae":
+                        raise UsageError("--kfold scores held-out targets; a VAE has none (see its test ELBO instead)")
+                    cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
+                                   seed=args.seed, **method_opts)
+                    # A fold whose fit a Ctrl-C cut short scores nothing: drop them all.
+                    _interrupt.raise_pending()
+                    record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
         except KeyboardInterrupt:
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
-            print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
-                  file=sys.stderr)
-            return 130
+            if posterior is None:
+                raise  # stopped before the fit returned: main says so (a checkpoint, if any, is on disk)
+            if diagnostics is None:
+                with _interrupt.guard():  # a further Ctrl-C here would lose the fit: it waits for the save
+                    _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
+                print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
+                      file=sys.stderr)
+                return _interrupt.exit_status()
+            record["metrics"], extras = {}, {}
+            record.pop("kfold", None)
+            record["skipped"] = "test metrics" + (" and k-fold" if args.kfold else "") + ", interrupted before they finished"
+        with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
+            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
     _print_lines([
         *_what_ran(args.method, posterior.options, args.seed, posterior.provenance),
         *_loo_up_front(args.model, getattr(model, "likelihood", None)),
         diagnostics.table(),
         *_metrics_lines(record),
         *_kfold_lines(record),
+        *_skipped_lines(record),
         f"saved to {out}",
         diagnostics.verdict(_held_out(record)),
     ])
     if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
               file=sys.stderr)
-        return 130
+        return _interrupt.exit_status()
+    if "skipped" in record:
+        print(f"interrupted: the fit is complete and saved in {out} with its diagnostics; skipped: {record['skipped']}",
+              file=sys.stderr)
+        return _interrupt.exit_status()
     return 0
 
 
@@ -791,6 +815,12 @@ def _metrics_lines(record: dict) -> list[str]:
     return lines
 
 
+def _skipped_lines(record: dict) -> list[str]:
+    skipped = record.get("skipped")
+    # summary.json is read from disk: anything but the sentence written here is left out
+    return [f"skipped: {skipped}"] if isinstance(skipped, str) and len(skipped) < 300 else []
+
+
 def _kfold_lines(record: dict) -> list[str]:
     cv = record.get("kfold")
     number = (int, float)
@@ -914,6 +944,7 @@ def _show(args) -> int:
         lines.append(record.table())
     lines.extend(_metrics_lines(summary))
     lines.extend(_kfold_lines(summary))
+    lines.extend(_skipped_lines(summary))
     if CALIBRATION_FILE in extras:
         lines.append(_calibration_line(extras[CALIBRATION_FILE], model, path / CALIBRATION_FILE))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():

@@ -510,6 +510,41 @@ def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkey
     assert not out.exists()  # stopped before the folder was touched
 
 
+@pytest.mark.parametrize("where, presses", [("diagnostics", 1), ("metrics", 1), ("diagnostics", 2)])
+def test_ctrl_c_after_the_fit_saves_it_says_what_was_skipped_and_exits_130(tmp_path, monkeypatch, capsys, where, presses):
+    import ppl.diagnostics
+
+    module, name = (ppl.diagnostics, "compute_diagnostics") if where == "diagnostics" else (ppl, "evaluate")
+    real = getattr(module, name)
+
+    def pressed(*args, **kwargs):
+        for _ in range(presses):
+            signal.raise_signal(signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, pressed)
+    out = tmp_path / "run"
+    code = main(["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", str(out), "--no-progress"])
+    monkeypatch.undo()
+    printed = capsys.readouterr()
+    assert code == 130, printed.err
+    post = ppl.load(out)  # the fit itself finished: it is saved whole, not as a partial run
+    assert not post.status.interrupted and post.resume_state is None
+    assert main(["show", str(out)]) == 0
+    shown = capsys.readouterr().out
+    if presses == 2:
+        # The second Ctrl-C cut the diagnostics short: no verdict, then or later, until they are computed.
+        assert "verdict" not in printed.out and not (out / "summary.json").exists()
+        assert "without diagnostics" in printed.err
+        assert "verdict: not assessed" in shown
+        return
+    # The diagnostics finished (the first Ctrl-C waits for them); the test metrics were skipped and say so.
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["metrics"] == {} and "interrupted" in summary["skipped"] and summary["diagnostics"]
+    assert "skipped: test metrics" in printed.err and "skipped: test metrics" in shown
+    assert "test metrics —" not in printed.out
+
+
 STARTUP_SCRIPT = textwrap.dedent(
     """
     import signal
