@@ -9,10 +9,10 @@ everything computed so far and returns a partial result marked interrupted. A se
 Outside the main thread (where Python cannot install signal handlers) the guard does nothing and
 Ctrl-C behaves as usual.
 
-The command line wraps each command in :func:`command`, which takes SIGINT for the whole command and
-remembers the first request until the command ends. Outside any guard there is no loop to ask,
-so the signal raises ``KeyboardInterrupt`` at once (the command saves what exists and exits 128 +
-the signal's number: 130); inside a guard it behaves as above. Python delivers a signal
+The command line wraps each command in :func:`command`, which takes SIGINT and SIGTERM for the whole
+command and remembers the first request until the command ends. Outside any guard there is no loop
+to ask, so the signal raises ``KeyboardInterrupt`` at once (the command saves what exists and exits
+128 + the signal's number: 130, 143); inside a guard it behaves as above. Python delivers a signal
 at whatever Python code runs next, which may be a callback it cannot raise from (JAX's
 garbage-collection callback, a ``__del__``): that ``KeyboardInterrupt`` is dropped as "Exception
 ignored". The request stays recorded all the same (:func:`pending`), and the loops, which read it
@@ -74,8 +74,8 @@ def raise_pending() -> None:
 
 
 def exit_status() -> int:
-    """The exit status of a command stopped by a signal: 128 + its number (130 for Ctrl-C), or
-    130 for a stop requested by code."""
+    """The exit status of a command stopped by a signal: 128 + its number (130 for Ctrl-C, 143 for
+    SIGTERM), or 130 for a stop requested by code."""
     return 128 + (_STATE["signal"] or signal.SIGINT)
 
 
@@ -107,7 +107,7 @@ def _quiet_unraisable(unraisable, previous):
 
 @contextlib.contextmanager
 def command():
-    """Hold SIGINT for a whole command-line command (see the module's docstring).
+    """Hold SIGINT and SIGTERM for a whole command-line command (see the module's docstring).
 
     Within it, guards keep the request when they end, so a command asks :func:`pending` after its
     fit. A signal the process was started ignoring (a shell's background job ignores SIGINT) stays
@@ -118,7 +118,7 @@ def command():
         return
     _STATE.update(requested=False, agreed=False, signal=None, command=True)
     previous = {}
-    for signum in (signal.SIGINT,):
+    for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) is not signal.SIG_IGN:
             previous[signum] = signal.signal(signum, _command_handler)
     hook = sys.unraisablehook

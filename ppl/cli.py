@@ -304,13 +304,11 @@ FITS = "fits"  # the report folder's sub-folder holding each method's fit as a r
 
 
 def _compare(args) -> int:
-    import os
     import shutil
-    import tempfile
     import time
 
     import ppl
-    from ppl import _progress
+    from ppl import _interrupt, _progress
     from ppl._compare import _chosen_methods
 
     _request_devices(args.devices)
@@ -369,23 +367,13 @@ def _compare(args) -> int:
     try:
         result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
                              fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
-    except ppl.ComparisonInterrupted as stop:
-        print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
+        _interrupt.raise_pending()  # a Ctrl-C dropped while the methods were scored: no report from it
+        _commit_report(result, out)
+    except KeyboardInterrupt as stop:
+        during = f"while fitting {stop.method}" if isinstance(stop, ppl.ComparisonInterrupted) else "before the report"
+        print(f"interrupted {during}; the fits so far are saved in {out / FITS} — continue with: "
               f"ppl compare --resume {out}", file=sys.stderr)
-        return 130
-    # The report is written beside the folder, takes the fits and the invocation, then is renamed
-    # into place: never half a report.
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        result.write_report(staging)
-        for name in (FITS, INVOCATION):
-            if (out / name).exists():
-                os.replace(out / name, staging / name)
-        shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        return _interrupt.exit_status()
     elapsed = time.perf_counter() - started
     print()
     print(_safe(result.table()))
@@ -393,6 +381,43 @@ def _compare(args) -> int:
     print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table, {FITS}/ each method's "
           f"fit); {elapsed:.0f} s in all")
     return 0
+
+
+def _commit_report(result, out: Path) -> None:
+    """Write the comparison's report beside ``out``, then swap it in with the fits and the invocation.
+
+    Whenever the process dies (a kill, a power cut), ``out`` is the unfinished comparison (which
+    ``ppl compare --resume`` continues), absent for the instant of the swap, or the whole report —
+    never half a report, and never an empty folder that neither resuming nor a new comparison
+    recognises. A Ctrl-C waits for the swap, which would otherwise strand the fits in a hidden folder.
+    """
+    import os
+    import shutil
+    import tempfile
+
+    from ppl import _interrupt
+
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    shutil.copymode(out, staging)  # the report folder keeps the usual permissions, not mkdtemp's 0700
+    aside = staging.with_name(staging.name + "-old")
+    try:
+        result.write_report(staging)
+        with _interrupt.guard():
+            # out moves aside whole, so until the last rename it is still the resumable comparison.
+            os.replace(out, aside)
+            for name in (FITS, INVOCATION):
+                if (aside / name).exists():
+                    os.replace(aside / name, staging / name)
+            os.replace(staging, out)
+    except BaseException:
+        if aside.exists() and not out.exists():  # the swap failed half-way: put the comparison back
+            for name in (FITS, INVOCATION):
+                if (staging / name).exists():
+                    os.replace(staging / name, aside / name)
+            os.replace(aside, out)
+        shutil.rmtree(staging, ignore_errors=True)  # (only once nothing of the comparison is left in it)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)  # the emptied old folder
 
 
 def _compare_invocation(args) -> dict:
@@ -566,7 +591,7 @@ def _fit(args) -> int:
     record, extras = {"data": data.name, "model": args.model, "metrics": {}}, {}
     with _io.run_lock(out):
         try:
-            # Through the fit and its diagnostics, a first Ctrl-C only asks the running
+            # Through the fit and its diagnostics, a first Ctrl-C (or SIGTERM) only asks the running
             # loop to stop: the result reached is still diagnosed and saved. A second one skips to
             # saving what there is.
             with _interrupt.guard():
@@ -632,7 +657,8 @@ def _fit(args) -> int:
                 return _interrupt.exit_status()
             record["metrics"], extras = {}, {}
             record.pop("kfold", None)
-            record["skipped"] = "test metrics" + (" and k-fold" if args.kfold else "") + ", interrupted before they finished"
+            record["skipped"] = ("test metrics" + (" and k-fold" if args.kfold else "")
+                                 + ", interrupted before they finished")
         with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
     _print_lines([
@@ -1265,8 +1291,8 @@ def main(argv=None) -> int:
     handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "calibrate": _calibrate,
                 "datasets": _datasets, "methods": _methods}
     name = "ppl"  # "ppl fit", "ppl show", … once the arguments are parsed
-    # Ctrl-C is the command's from its first moment to its last: it is remembered until acted on, and
-    # ends the command with 128 + its number.
+    # Ctrl-C and SIGTERM (a scheduler, `timeout`, a container stop) are the command's from its first
+    # moment to its last: each is remembered until acted on, and ends the command with 128 + its number.
     with _interrupt.command():
         try:
             args = _parser().parse_args(argv)
