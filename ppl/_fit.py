@@ -140,6 +140,9 @@ def fit(
             )
 
         session.write = write
+    # Compiling the problem takes seconds, during which the command line's Ctrl-C (or SIGTERM) only
+    # set the flag: stop before the method starts rather than at its first chunk.
+    _interrupt.raise_pending()
     try:
         # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
         # assembled stops nothing and loses nothing.

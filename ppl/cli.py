@@ -333,7 +333,7 @@ def _compare(args) -> int:
     import time
 
     import ppl
-    from ppl import _io, _progress
+    from ppl import _interrupt, _io, _progress
     from ppl._compare import _chosen_methods
 
     _request_devices(args.devices)
@@ -397,11 +397,13 @@ def _compare(args) -> int:
         try:
             result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
                                  fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
-        except ppl.ComparisonInterrupted as stop:
-            print(f"interrupted while fitting {stop.method}; the fits so far are saved in {out / FITS} — continue with: "
+            _interrupt.raise_pending()  # a Ctrl-C dropped while the methods were scored: no report from it
+            _commit_report(result, out)
+        except KeyboardInterrupt as stop:
+            during = f"while fitting {stop.method}" if isinstance(stop, ppl.ComparisonInterrupted) else "before the report"
+            print(f"interrupted {during}; the fits so far are saved in {out / FITS} — continue with: "
                   f"ppl compare --resume {out}", file=sys.stderr)
-            return 130
-        _write_comparison(result, out)
+            return _interrupt.exit_status()
     elapsed = time.perf_counter() - started
     print()
     print(_safe(result.table()))
@@ -422,38 +424,62 @@ def _owned_comparison(out: Path):
         raise UsageError(f"--out {error}") from None
 
 
-def _write_comparison(result, out: Path) -> None:
-    """Put the report in place of the unfinished comparison ``out``: written beside it with the fits
-    and the invocation moved in, then renamed into place, so there is never half a report. Files
-    that appeared in ``out`` meanwhile are not ppl's: the report then joins them, and they stay."""
+def _commit_report(result, out: Path) -> None:
+    """Write the comparison's report beside ``out``, then swap it in with the fits and the invocation.
+
+    Whenever the process dies (a kill, a power cut), ``out`` is the unfinished comparison (which
+    ``ppl compare --resume`` continues), absent for the instant of the swap, or the whole report —
+    never half a report, and never an empty folder that neither resuming nor a new comparison
+    recognises. A Ctrl-C waits for the swap, which would otherwise strand the fits in a hidden folder.
+    Files that appeared in ``out`` meanwhile are not ppl's: the report then joins them, and they stay.
+    """
     import os
     import shutil
     import tempfile
 
-    from ppl import _io
+    from ppl import _interrupt, _io
 
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    shutil.copymode(out, staging)  # the report folder keeps the usual permissions, not mkdtemp's 0700
+    aside = staging.with_name(staging.name + "-old")
+    ours = {FITS, INVOCATION, _io.COMPARISON_MANIFEST}
     try:
         result.write_report(staging)
-        for name in (FITS, INVOCATION):
-            if (out / name).exists():
-                os.replace(out / name, staging / name)
-        entries = [p.name for p in staging.iterdir()]
+        entries = [p.name for p in staging.iterdir()] + [name for name in (FITS, INVOCATION) if (out / name).exists()]
         _io.write_comparison_manifest(staging, "complete", entries)
-        others = set(os.listdir(out)) - {_io.COMPARISON_MANIFEST}
-        if not others:
-            (out / _io.COMPARISON_MANIFEST).unlink()
-            out.rmdir()
+        others = sorted(set(os.listdir(out)) - ours)
+        with _interrupt.guard():
+            if others:
+                print(f"ppl compare: {out} gained files that ppl did not write ({', '.join(others[:5])}); the report "
+                      "is added beside them", file=sys.stderr)
+                for name in [p.name for p in staging.iterdir() if p.name != _io.COMPARISON_MANIFEST]:
+                    os.replace(staging / name, out / name)
+                os.replace(staging / _io.COMPARISON_MANIFEST, out / _io.COMPARISON_MANIFEST)
+                return
+            # out moves aside whole, so until the last rename it is still the resumable comparison.
+            os.replace(out, aside)
+            for name in (FITS, INVOCATION):
+                if (aside / name).exists():
+                    os.replace(aside / name, staging / name)
             os.replace(staging, out)
-            return
-        print(f"ppl compare: {out} gained files that ppl did not write ({', '.join(sorted(others)[:5])}); the report "
-              "is added beside them", file=sys.stderr)
-        for name in entries:
-            os.replace(staging / name, out / name)
-        os.replace(staging / _io.COMPARISON_MANIFEST, out / _io.COMPARISON_MANIFEST)
+    except BaseException:
+        if aside.exists() and not out.exists():  # the swap failed half-way: put the comparison back
+            for name in (FITS, INVOCATION):
+                if (staging / name).exists():
+                    os.replace(staging / name, aside / name)
+            os.replace(aside, out)
+        shutil.rmtree(staging, ignore_errors=True)  # (only once nothing of the comparison is left in it)
+        raise
     finally:
-        if staging.exists():
-            shutil.rmtree(staging)
+        if staging.exists() and not aside.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    if aside.exists():
+        # the old folder holds only its manifest now; anything else in it arrived since, and is kept
+        (aside / _io.COMPARISON_MANIFEST).unlink(missing_ok=True)
+        try:
+            aside.rmdir()
+        except OSError:
+            print(f"ppl compare: files that arrived during the swap are kept in {aside}", file=sys.stderr)
 
 
 def _compare_invocation(args) -> dict:
@@ -625,79 +651,107 @@ def _fit(args) -> int:
     model_opts, method_opts = _split_settings(args.set, _model_class(args.model), method_cls)
     data = _load_data(args)
     model = _build_model(args, data, model_opts)
+    # Start-up is over: a Ctrl-C whose KeyboardInterrupt was dropped on the way stops here, before
+    # the folder is touched.
+    _interrupt.raise_pending()
     out = _out_folder(args, data)
     _check_out(out)
     # bars (on stderr) when stderr is a terminal, never with --no-progress
     _progress.enable(False if args.no_progress else None)
     invocation = _invocation(args)
-    # From here to the save, a first Ctrl-C only asks the running loop to stop: the result reached
-    # is still diagnosed and saved. A second one skips to saving what there is.
-    with _io.run_lock(out), _interrupt.guard():
-        if args.resume is None and (out / "manifest.json").is_file():
-            _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
-        target = _io.RunTarget(out, {INVOCATION: invocation})
+    posterior = diagnostics = None
+    record, extras = {"data": data.name, "model": args.model, "metrics": {}}, {}
+    with _io.run_lock(out):
         try:
-            posterior = ppl.fit(
-                model, data.train.X if args.model == "vae" else data.train, method=args.method, seed=args.seed,
-                checkpoint=target if args.checkpoint_every else None, checkpoint_every=args.checkpoint_every,
-                resume=args.resume, devices=args.devices, **method_opts,
-            )
-        except ppl.Interrupted as stop:
-            _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
-                         status="interrupted", extra_files={INVOCATION: invocation})
-            print(f"interrupted before the first draw; the state is saved in {out} — continue with: ppl fit --resume {out}",
-                  file=sys.stderr)
-            return 130
-        except NonFiniteError as error:
-            if error.partial is not None:
-                _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
-                print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
-            raise
-        posterior.provenance["data"].update(_data_source(args, data))
-        try:
-            diagnostics = posterior.diagnostics()
-            # An interrupted run is saved at once: test metrics of a partial result can wait.
-            interrupted = posterior.status.interrupted or _interrupt.requested()
-            metrics, extras = {}, {}
-            test_key = derived_key(args.seed, TEST_STREAM)
-            if not interrupted and args.model == "vae":
-                from ppl.diagnostics.vae import vae_report
-
-                # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
-                metrics = vae_report(posterior, data.test.X, seed=test_key, gap_points=0).to_dict()
-                extras[VAE_FIGURE] = _vae_figure(posterior, data, test_key)
-            elif not interrupted:
+            # Through the fit and its diagnostics, a first Ctrl-C (or SIGTERM) only asks the running
+            # loop to stop: the result reached is still diagnosed and saved. A second one skips to
+            # saving what there is.
+            with _interrupt.guard():
+                if args.resume is None and (out / "manifest.json").is_file():
+                    _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
+                target = _io.RunTarget(out, {INVOCATION: invocation})
                 try:
-                    metrics = ppl.evaluate(posterior, data.test, seed=test_key)
-                except MemoryBudgetError as error:
-                    # The fit is worth keeping even when its test predictions would not fit in memory.
-                    print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
-            record = {"data": data.name, "model": args.model, "metrics": metrics, "diagnostics": diagnostics.to_dict()}
-            if args.kfold and not interrupted:
+                    posterior = ppl.fit(
+                        model, data.train.X if args.model == "vae" else data.train, method=args.method,
+                        seed=args.seed, checkpoint=target if args.checkpoint_every else None,
+                        checkpoint_every=args.checkpoint_every, resume=args.resume, devices=args.devices,
+                        **method_opts,
+                    )
+                except ppl.Interrupted as stop:
+                    _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
+                                 status="interrupted", extra_files={INVOCATION: invocation})
+                    print(f"interrupted before the first draw; the state is saved in {out} — continue with: "
+                          f"ppl fit --resume {out}", file=sys.stderr)
+                    return _interrupt.exit_status()
+                except NonFiniteError as error:
+                    if error.partial is not None:
+                        _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
+                        print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
+                    raise
+                posterior.provenance["data"].update(_data_source(args, data))
+                diagnostics = posterior.diagnostics()
+            record["diagnostics"] = diagnostics.to_dict()
+            if posterior.status.interrupted:
+                # An interrupted run is saved at once: test metrics of a partial result can wait.
+                record["skipped"] = "test metrics, as the run was interrupted (resuming it to the end computes them)"
+            else:
+                # No loop is left to ask: from here a Ctrl-C stops the test metrics at once, and one
+                # pressed during the diagnostics stops them before they start.
+                _interrupt.raise_pending()
+                test_key = derived_key(args.seed, TEST_STREAM)
                 if args.model == "vae":
-                    raise UsageError("--kfold scores held-out targets; a VAE has none (see its test ELBO instead)")
-                cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
-                               seed=args.seed, **method_opts)
-                record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
+                    from ppl.diagnostics.vae import vae_report
+
+                    # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
+                    record["metrics"] = vae_report(posterior, data.test.X, seed=test_key, gap_points=0).to_dict()
+                    extras[VAE_FIGURE] = _vae_figure(posterior, data, test_key)
+                else:
+                    try:
+                        record["metrics"] = ppl.evaluate(posterior, data.test, seed=test_key)
+                    except MemoryBudgetError as error:
+                        # The fit is worth keeping even when its test predictions would not fit in memory.
+                        print(f"ppl fit: test metrics skipped: {error}", file=sys.stderr)
+                if args.kfold:
+                    if args.model == "vae":
+                        raise UsageError("--kfold scores held-out targets; a VAE has none (see its test ELBO instead)")
+                    cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
+                                   seed=args.seed, **method_opts)
+                    # A fold whose fit a Ctrl-C cut short scores nothing: drop them all.
+                    _interrupt.raise_pending()
+                    record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
         except KeyboardInterrupt:
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
-            print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
-                  file=sys.stderr)
-            return 130
+            if posterior is None:
+                raise  # stopped before the fit returned: main says so (a checkpoint, if any, is on disk)
+            if diagnostics is None:
+                with _interrupt.guard():  # a further Ctrl-C here would lose the fit: it waits for the save
+                    _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
+                print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
+                      file=sys.stderr)
+                return _interrupt.exit_status()
+            record["metrics"], extras = {}, {}
+            record.pop("kfold", None)
+            record["skipped"] = ("test metrics" + (" and k-fold" if args.kfold else "")
+                                 + ", interrupted before they finished")
+        with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
+            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
     _print_lines([
         *_what_ran(args.method, posterior.options, args.seed, posterior.provenance),
         *_loo_up_front(args.model, getattr(model, "likelihood", None)),
         diagnostics.table(),
         *_metrics_lines(record),
         *_kfold_lines(record),
+        *_skipped_lines(record),
         f"saved to {out}",
         diagnostics.verdict(_held_out(record)),
     ])
     if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
               file=sys.stderr)
-        return 130
+        return _interrupt.exit_status()
+    if "skipped" in record:
+        print(f"interrupted: the fit is complete and saved in {out} with its diagnostics; skipped: {record['skipped']}",
+              file=sys.stderr)
+        return _interrupt.exit_status()
     return 0
 
 
@@ -868,6 +922,12 @@ def _metrics_lines(record: dict) -> list[str]:
     return lines
 
 
+def _skipped_lines(record: dict) -> list[str]:
+    skipped = record.get("skipped")
+    # summary.json is read from disk: anything but the sentence written here is left out
+    return [f"skipped: {skipped}"] if isinstance(skipped, str) and len(skipped) < 300 else []
+
+
 def _kfold_lines(record: dict) -> list[str]:
     cv = record.get("kfold")
     number = (int, float)
@@ -1001,6 +1061,7 @@ def _show(args) -> int:
         lines.append(record.table())
     lines.extend(_metrics_lines(summary))
     lines.extend(_kfold_lines(summary))
+    lines.extend(_skipped_lines(summary))
     if CALIBRATION_FILE in extras:
         lines.append(_calibration_line(extras[CALIBRATION_FILE], model, path / CALIBRATION_FILE))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
@@ -1316,26 +1377,40 @@ def _methods(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = _parser().parse_args(argv)
+    from ppl import _interrupt
+
     handlers = {"fit": _fit, "compare": _compare, "show": _show, "predict": _predict, "calibrate": _calibrate,
                 "datasets": _datasets, "methods": _methods}
-    try:
-        return handlers[args.command](args)
-    except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
-        print(f"ppl {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except NonFiniteError as error:
-        print(f"ppl {args.command}: training failed: {error}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print(f"ppl {args.command}: interrupted before there was anything to save", file=sys.stderr)
-        return 130
-    except BrokenPipeError:
-        # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
-        import os
+    name = "ppl"  # "ppl fit", "ppl show", … once the arguments are parsed
+    # Ctrl-C and SIGTERM (a scheduler, `timeout`, a container stop) are the command's from its first
+    # moment to its last: each is remembered until acted on, and ends the command with 128 + its number.
+    with _interrupt.command():
+        try:
+            args = _parser().parse_args(argv)
+            name = f"ppl {args.command}"
+            code = handlers[args.command](args)
+            if code == 0 and _interrupt.pending():
+                # The signal came as the command finished, or its KeyboardInterrupt was dropped where
+                # nothing read the request: the output is complete, but a caller must still see the stop.
+                print(f"{name}: interrupted as it finished; what it printed and saved is complete",
+                      file=sys.stderr)
+                return _interrupt.exit_status()
+            return code
+        except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
+            print(f"{name}: error: {error}", file=sys.stderr)
+            return 2
+        except NonFiniteError as error:
+            print(f"{name}: training failed: {error}", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"{name}: interrupted before there was anything to save", file=sys.stderr)
+            return _interrupt.exit_status()
+        except BrokenPipeError:
+            # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
+            import os
 
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
 
 
 if __name__ == "__main__":
