@@ -625,8 +625,10 @@ def _prefixed(arrays: dict, prefix: str) -> dict:
 
 def _check_finite(arrays: dict) -> None:
     for name, value in arrays.items():
-        if not np.issubdtype(np.asarray(value).dtype, np.number) or not np.all(np.isfinite(value)):
-            raise ValueError(f"array {name!r} holds non-finite or non-numeric values")
+        # floating only: a location or scale edited to integers passed as "numeric" and then broke
+        # the load itself (jax.random.normal refuses an int dtype) instead of being refused
+        if not np.issubdtype(np.asarray(value).dtype, np.floating) or not np.all(np.isfinite(value)):
+            raise ValueError(f"array {name!r} holds non-finite or non-float values")
 
 
 def _shape(value, want: tuple, name: str) -> None:

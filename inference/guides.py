@@ -249,6 +249,10 @@ def flow_from_arrays(arrays: dict, dim: int) -> FlowFamily:
     num_flows = int(arrays["num_flows"])
     if not 1 <= num_flows <= 64 or not hidden or any(not dim <= h <= 1 << 16 for h in hidden):
         raise ValueError(f"flow sizes num_flows={num_flows}, hidden={hidden} are out of range for dimension {dim}")
+    for name in ("shift", "frame_tril", "weights"):
+        # floating only: integer arrays edited in made sampling fail on their dtype instead of being refused
+        if not np.issubdtype(np.asarray(arrays[name]).dtype, np.floating):
+            raise ValueError(f"array {name!r} has dtype {np.asarray(arrays[name]).dtype}; a flow holds floats")
     dtype = np.asarray(arrays["weights"]).dtype
     template = jax.eval_shape(lambda: flow_weights(dim, hidden, num_flows, jax.random.PRNGKey(0), dtype))
     zeros = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), template)

@@ -1022,6 +1022,10 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
                     isinstance(item[k], kinds) and (bool in kinds or not isinstance(item[k], bool))
                     for k, kinds in _CHECK_TYPES.items())):
                 raise check.fail("checks", "a list of {field, value, threshold, passed, message} objects", item)
+        for field in ("num_chains", "num_draws", "divergences", "tree_depth_hits", "loo_khat_bad", "wall_time_s"):
+            # counts and seconds are never negative (nor NaN): a detached run would show them as they are
+            if diagnostics[field] is not None and not diagnostics[field] >= 0:
+                raise check.fail(field, "a non-negative number", diagnostics[field])
         # ok is the conjunction of the checks: a file that says otherwise was edited
         if diagnostics["ok"] != all(item["passed"] for item in diagnostics["checks"]):
             raise check.fail("ok", "the conjunction of the checks' passed flags", diagnostics["ok"])
@@ -1049,14 +1053,50 @@ def saved_diagnostics(path):
         arrays = snapshot.arrays()
         num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in meta["sites"])
         flat = _check_array(snapshot.folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
-        return rederived_diagnostics(diagnostics, meta, _records(snapshot.folder, meta, arrays), flat, snapshot.folder)
+        records = _records(snapshot.folder, meta, arrays)
+        if meta["model"]["kind"] == "function":  # a plain program's run: judged as a detached load judges it
+            draws = _program_draws(snapshot.folder, meta, arrays, flat)
+            return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder,
+                                         measured=_measured_chains(meta, arrays, draws, flat))
+        return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder)
 
     return _with_snapshot(path, read)
 
 
-def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path):
+def _program_draws(folder: Path, meta: dict, arrays: dict, flat: np.ndarray) -> dict:
+    """A plain program's stored (constrained) draws by site, checked against the layout and the flat draws."""
+    draws = {}
+    finite = np.all(np.isfinite(flat), axis=-1)  # (chain, draw)
+    for name, shape, _ in meta["sites"]:
+        draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
+        # The verdict counts the non-finite flat draws; a constrained copy edited to NaN or inf where
+        # they are finite would be shown and summarised beside a verdict that never saw it.
+        values = draws[name].reshape(meta["num_chains"], meta["num_draws"], -1)
+        if np.any(finite & ~np.all(np.isfinite(values), axis=-1)):
+            raise RunError(f"{folder}/{ARRAYS}: array 'draws/{name}' holds non-finite values where the flat draws are "
+                           "finite — the file was edited")
+    for name, shape in meta["deterministic"]:  # a deterministic site may hold integers or flags
+        draws[name] = _check_array(
+            folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape), kinds="biuf"
+        )
+    return draws
+
+
+def _measured_chains(meta: dict, arrays: dict, draws: dict, flat: np.ndarray):
+    """The chain checks of a plain program's sampler run, measured again from its stored draws (None
+    for other kinds): a detached load cannot run the program, but R-hat and ESS need only the draws."""
+    if meta["kind"] != "chains":
+        return None
+    from ppl._verdict import measure_chains
+
+    return measure_chains(method=meta["method"], options=meta["options"], info=_info(meta, arrays), draws=draws,
+                          latent=tuple(name for name, _, _ in meta["sites"]),
+                          function_sites=tuple(meta["function_sites"]), flat_draws=flat)
+
+
+def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path, measured=None):
     """The saved diagnostics of a run that cannot be recomputed here, with the verdict decided again
-    from the saved values (see :mod:`ppl._verdict`)."""
+    from the saved values and from what the stored draws measure (``measured``; see :mod:`ppl._verdict`)."""
     from ppl._verdict import rederive
 
     if (record["method"], record["num_chains"], record["num_draws"]) != (meta["method"], meta["num_chains"], meta["num_draws"]):
@@ -1066,7 +1106,7 @@ def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndar
             "— the file was edited or belongs to another run"
         )
     return rederive(_diagnostics_from(record, folder), kind=meta["kind"], records=records, flat_draws=flat,
-                    where=f"{folder}/{DIAGNOSTICS}")
+                    where=f"{folder}/{DIAGNOSTICS}", measured=measured)
 
 
 def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:
@@ -1295,20 +1335,19 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
         if model is None and trust:
             model = _import_program(record, folder)
         if model is None:
-            draws = {}
-            for name, shape, _ in sites:
-                draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
-            for name, shape in meta["deterministic"]:  # a deterministic site may hold integers or flags
-                draws[name] = _check_array(
-                    folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape), kinds="biuf"
-                )
+            draws = _program_draws(folder, meta, arrays, flat)
             records = _records(folder, meta, arrays)
+            # The saved approximation needs no program to be checked: draws edited apart from it (shifted,
+            # swapped for another run's) are refused as on an attached load.
+            _stored_approximation(folder, meta, arrays, flat, num_params, flat.dtype)
+            measured = None if diagnostics is None else _measured_chains(meta, arrays, draws, flat)
             return Posterior.detached(
                 method=meta["method"], kind=meta["kind"], draws=draws, records=records,
                 info=_info(meta, arrays), options=meta["options"],
                 seed=meta["seed"], wall_time_s=meta["wall_time_s"],
                 # without the program nothing can be recomputed: the saved values are judged again
-                diagnostics=None if diagnostics is None else rederived_diagnostics(diagnostics, meta, records, flat, folder),
+                diagnostics=None if diagnostics is None else rederived_diagnostics(diagnostics, meta, records, flat, folder,
+                                                                                   measured=measured),
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
                 sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
                 deterministic_sites=tuple(name for name, _ in meta["deterministic"]),
@@ -1341,21 +1380,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
 
         spec = dataclasses.replace(problem.spec, function_sites=tuple(meta["function_sites"]))
         problem = Problem(spec, problem.data, problem.temperature)
-    family = None
-    if meta["approximation"] is not None:
-        from ppl.inference._gaussian import from_arrays
-
-        parts = {k[len("approximation/"):]: v for k, v in arrays.items() if k.startswith("approximation/")}
-        try:
-            family = from_arrays(meta["approximation"], parts, dim=num_params)
-        except (ValueError, TypeError, KeyError) as error:
-            raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
-        from ppl.inference._gaussian import stored_draws_mismatch
-
-        mismatch = stored_draws_mismatch(family, flat.astype(problem.init_params.dtype, copy=False))
-        if mismatch is not None:
-            raise RunError(f"{folder}/{ARRAYS}: array 'flat_draws' does not hold draws of the saved approximation "
-                           f"({mismatch}) — the file was edited or mixes two runs")
+    family = _stored_approximation(folder, meta, arrays, flat, num_params, problem.init_params.dtype)
     posterior = Posterior(
         method=meta["method"], kind=meta["kind"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
         **_records(folder, meta, arrays), info=_info(meta, arrays), options=meta["options"], seed=meta["seed"],
@@ -1394,6 +1419,25 @@ def _replacement_from_records(meta: dict, used, folder: Path) -> dict:
     provenance.update(model=describe_model(used), declared_model=describe_model(declared), replaced_by=", ".join(named),
                       replaced=_model_difference(declared, used) or describe_model(used))
     return provenance
+
+
+def _stored_approximation(folder: Path, meta: dict, arrays: dict, flat: np.ndarray, num_params: int, dtype):
+    """The saved approximation q (None where the run has none), rebuilt with every array checked, and
+    the stored draws checked to be draws of it (in ``dtype``, the precision the run computes in)."""
+    if meta["approximation"] is None:
+        return None
+    from ppl.inference._gaussian import from_arrays, stored_draws_mismatch
+
+    parts = {k[len("approximation/"):]: v for k, v in arrays.items() if k.startswith("approximation/")}
+    try:
+        family = from_arrays(meta["approximation"], parts, dim=num_params)
+    except (ValueError, TypeError, KeyError) as error:
+        raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
+    mismatch = stored_draws_mismatch(family, flat.astype(dtype, copy=False))
+    if mismatch is not None:
+        raise RunError(f"{folder}/{ARRAYS}: array 'flat_draws' does not hold draws of the saved approximation "
+                       f"({mismatch}) — the file was edited or mixes two runs")
+    return family
 
 
 def _local_guide(folder, problem, meta: dict, arrays: dict):

@@ -156,4 +156,8 @@ def from_saved(record: str, scalars: dict, arrays: dict, fail) -> NamedTuple:
         if value.dtype.kind not in "biuf":
             raise fail(f"{record}.{name}", "a numeric array", str(value.dtype))
         values[name] = value
+    missing = [name for name in cls._fields if name not in values and name not in cls._field_defaults]
+    if missing:
+        # a required field (a trace's losses) dropped from the file: refused, not a TypeError from cls()
+        raise fail(f"{record}.{missing[0]}", "present (it has no default)", None)
     return cls(**values)

@@ -9,18 +9,26 @@ read: every check's ``passed`` is decided again from its value with this version
 must be there for this kind of run (how it ended, its draws, its sampler's divergences, its
 k-hat) must be there. A check whose value contradicts the record's own field, the run records in
 ``posterior.json`` or the stored draws is a :class:`ppl.RunError` naming the file and the field.
+
+What the stored arrays do determine is measured again rather than read: a plain program's run
+stores its draws, so its chain checks (R-hat, ESS in weight or function space, stuck chains) are
+computed from them by the code that computes them for a loaded run (:func:`measure_chains`), and
+E-BFMI comes from the stored energies. A saved value that differs from the measurement, or a chain
+check the draws do not call for (or one missing that they do), was edited. Only what needs the
+model itself (a density run's k-hat, ELBO) is still taken from the file.
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
 from ppl._errors import RunError
-from ppl._results import THRESHOLDS, Check, Diagnostics
+from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
 
-__all__ = ["rederive"]
+__all__ = ["rederive", "measure_chains"]
 
 _UPPER = {  # value ≤ threshold passes
     "rhat_max": lambda n: THRESHOLDS["rhat"], "rhat_function_max": lambda n: THRESHOLDS["rhat"],
@@ -38,18 +46,63 @@ _LOWER = {  # value ≥ threshold passes (n: chains, for the ESS thresholds per 
 _MIRRORED = ("rhat_max", "rhat_function_max", "divergences", "ebfmi_min", "khat")
 
 
+# the chain checks and the record fields that measure_chains computes from the stored draws
+_CHAIN_CHECKS = ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min", "function_ess_bulk_min",
+                 "function_ess_tail_min", "stuck_chains", "num_draws")
+_CHAIN_RECORD = ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min")
+
+
 def _same(a, b) -> bool:
     if isinstance(a, float) or isinstance(b, float):
         return a is not None and b is not None and (a == b or (math.isnan(a) and math.isnan(b)))
     return a == b
 
 
-def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where: str) -> Diagnostics:
+def _measured_same(saved, measured) -> bool:
+    """A saved figure against the same figure computed again: equal up to rounding (another numpy
+    or ArviZ version may differ in the last bits), counts exactly; a bool or a string never matches."""
+    if measured is None or saved is None or isinstance(saved, bool) or not isinstance(saved, (int, float)):
+        return saved is None and measured is None
+    if isinstance(measured, int):
+        return not isinstance(saved, float) and saved == measured
+    return math.isclose(saved, measured, rel_tol=1e-6, abs_tol=1e-9) or (math.isinf(saved) and saved == measured)
+
+
+def measure_chains(*, method: str, options: dict, info: dict, draws: dict, latent: tuple, function_sites: tuple,
+                   flat_draws) -> Diagnostics:
+    """The chain checks of a plain program's run (kind "chains"), computed from its stored draws:
+    ``draws`` by site (constrained, as saved), ``latent`` the names of its latent sites,
+    ``flat_draws`` (chain, draw, parameter). The same function as for a loaded run makes them, on a
+    stand-in holding what it reads, so the two cannot drift apart."""
+    from ppl.diagnostics.report import _chain_checks, _Findings
+    from ppl.inference._base import Method
+    from ppl.inference.registry import METHODS, get
+
+    flat = np.asarray(flat_draws)
+    chains, count = int(flat.shape[0]), int(flat.shape[1])
+    functions = None
+    if function_sites:
+        functions = np.concatenate([np.asarray(draws[name]).reshape(chains, count, -1) for name in function_sites], axis=-1)
+    stand_in = SimpleNamespace(
+        method=method, options=options, info=info, num_chains=chains, num_draws=count, flat_draws=flat,
+        latent_draws={name: draws[name] for name in latent}, function_draws=lambda: functions,
+        problem=SimpleNamespace(is_declarative=False, function_sites=tuple(function_sites)),
+    )
+    stand_in.remedy = lambda topic: (get(method) if method in METHODS else Method).remedy(stand_in, topic)
+    record = Diagnostics(method=method, num_chains=chains, num_draws=count)
+    nonfinite = int(np.sum(~np.all(np.isfinite(flat), axis=-1)))
+    _chain_checks(stand_in, _Findings(record), nonfinite)
+    return record
+
+
+def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where: str,
+             measured: Diagnostics | None = None) -> Diagnostics:
     """``record`` (read from ``where``) with ``passed``, ``ok`` and the warnings decided again.
 
     ``records``: the run's checked records (status, trace, chain_stats, evidence); ``flat_draws``:
     the stored draws (chain, draw, parameter), whose count of non-finite draws the ``draws`` check
-    must state.
+    must state; ``measured``: the chain checks computed again from the stored draws
+    (:func:`measure_chains`; None where the run does not store what they need, a Network's run).
     """
 
     def fail(field: str, why: str) -> RunError:
@@ -65,7 +118,31 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
         "divergences": None if stats is None else stats.divergences,
         "variance_inflation": None if stats is None else stats.variance_inflation,
     }
+    from ppl.diagnostics.report import ebfmi
+
+    energy = None if stats is None else stats.energy
+    if energy is not None and np.shape(energy)[-1] >= 2:
+        # the stored energies give E-BFMI: a saved value (and its mirror) edited to pass is caught
+        facts["ebfmi_min"] = finite_or_none(np.min(ebfmi(np.asarray(energy, dtype=float))))
+    if trace is not None and trace.kl_warmup:
+        # the KL warm-up check's value is the steps the run made, which its records state
+        facts["trace.kl_warmup"] = int(status.steps_done if status.steps_done is not None else np.shape(trace.losses)[-1])
     required = {"draws", "status.failed", "status.interrupted"}
+    required |= {field for field in ("ebfmi_min", "trace.kl_warmup") if facts.get(field) is not None}
+    if measured is not None:
+        # Measured again from the stored draws: the saved figures must be these, and exactly the
+        # chain checks these draws call for must be there (a dropped ESS check would drop its failure).
+        for field in _CHAIN_RECORD:
+            if not _measured_same(getattr(record, field), getattr(measured, field)):
+                raise fail(field, f"is {getattr(record, field)!r} in the record where the stored draws give "
+                                  f"{getattr(measured, field)!r}")
+        made = {check.field: check.value for check in measured.checks}
+        for check in record.checks:
+            if check.field in _CHAIN_CHECKS and check.field not in made:
+                raise fail(check.field, "is there although the stored draws do not call for it")
+            if check.field in made and not _measured_same(check.value, made[check.field]):
+                raise fail(check.field, f"states {check.value!r} where the stored draws give {made[check.field]!r}")
+        required |= set(made)
     if status.converged is not None:
         required.add("status.converged")
     if nonfinite == 0:
@@ -84,7 +161,7 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
         if field in seen:
             raise fail(field, "appears twice")
         seen.add(field)
-        if field in facts and not _same(check.value, facts[field]):
+        if field in facts and not (_measured_same if field == "ebfmi_min" else _same)(check.value, facts[field]):
             raise fail(field, f"states {check.value!r} where the run's own records and draws give {facts[field]!r}")
         if field in _MIRRORED and not _same(check.value, getattr(record, field)):
             raise fail(field, f"states {check.value!r} but the record's {field} is {getattr(record, field)!r}")
