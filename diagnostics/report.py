@@ -96,6 +96,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
     log_ratios = _density_checks(posterior, found)
     _run_checks(posterior, found)
     _loo(posterior, found, nonfinite, log_ratios)
+    _heldout_checks(posterior, found, nonfinite)
     record.ok = all(c.passed for c in record.checks)
     return record
 
@@ -399,6 +400,52 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
             "for them (a statement about the estimate, not the posterior) — use K-fold cross-validation "
             "(ppl.kfold, or ppl fit --kfold 10) or the held-out test log-likelihood"
         )
+
+
+_HELDOUT_FIELDS = ("heldout_rows", "heldout_ll", "heldout_baseline_ll", "heldout_coverage_90")
+
+
+def _heldout_checks(posterior, found: _Findings, nonfinite: int) -> None:
+    """The predictive on rows the fit never saw, against the trivial baseline and its own 90%
+    intervals (:mod:`ppl.diagnostics.heldout`)."""
+    heldout = getattr(posterior, "heldout", None)
+    if heldout is None:
+        found.note(_HELDOUT_FIELDS, (
+            "no held-out rows: give ppl.fit(..., validation=0.1), or post.hold_out(X_test, y_test), to check the "
+            "predictive on data the fit never saw"
+        ))
+        return
+    if nonfinite:
+        found.note(_HELDOUT_FIELDS, "the draws are not finite, so nothing is predicted from them")
+        return
+    from ppl.diagnostics.heldout import LEVEL, coverage_band, heldout_scores
+
+    record = found.record
+    scores = heldout_scores(posterior, *heldout)
+    record.heldout_rows = scores["rows"]
+    record.heldout_ll = finite_or_none(scores["ll"])
+    record.heldout_baseline_ll = scores["baseline_ll"]
+    ll = scores["ll"] if np.isfinite(scores["ll"]) else float("-inf")
+    regression = "coverage" in scores
+    baseline = ("a Gaussian with the training targets' mean and sd" if regression
+                else "the training labels' class frequencies")
+    found.check(
+        "heldout_ll", ll, scores["baseline_ll"], ll >= scores["baseline_ll"],
+        f"the held-out log-likelihood {ll:.4g} per row over {scores['rows']} rows is below the trivial baseline's "
+        f"{scores['baseline_ll']:.4g} ({baseline}, which ignores the inputs): the predictive is worse than no model — "
+        f"{_next_step(posterior, 'heldout')}",
+    )
+    if regression:
+        record.heldout_coverage_90 = scores["coverage"]
+        band = coverage_band(scores["targets"])
+        found.check(
+            "heldout_coverage_90", scores["coverage"], band, abs(scores["coverage"] - LEVEL) <= band,
+            f"{scores['coverage']:.0%} of {scores['targets']} held-out targets lie in their central 90% predictive "
+            f"intervals, outside 90% ± {band:.0%} (3 binomial standard errors plus {0.05:.0%}): the predictive "
+            f"spread is {'too narrow' if scores['coverage'] < LEVEL else 'too wide'} — {_next_step(posterior, 'heldout')}",
+        )
+    else:
+        found.note("heldout_coverage_90", "classification: no predictive interval (see the log-likelihood)")
 
 
 def _apart(value: float, threshold: float) -> str:

@@ -58,11 +58,16 @@ class Method:
     def remedy(cls, posterior, topic: str) -> str:
         """What to try when a check fails, in the method's own options. ``topic``: ``"fit"`` (the
         approximation misses the posterior: k-hat), ``"mixing"`` (R-hat or ESS), ``"steps"`` (the
-        optimisation did not converge). Methods override it with advice about their options."""
+        optimisation did not converge), ``"heldout"`` (the predictive fails on held-out rows). Methods override it with advice about their options."""
         if topic == "fit":
             return "try method='nuts' (or a richer approximation)"
         if topic == "mixing":
             return "raise num_warmup and num_samples (or lower step_size)"
+        if topic == "heldout":
+            return (
+                "the fit over-fits its training rows (a noise scale shrunk to the training residual, or a prior too weak "
+                "for the data) or did not reach its posterior: compare method='nuts', or set a stronger prior"
+            )
         steps = (posterior.options or {}).get("steps")
         return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"
 

@@ -63,6 +63,8 @@ class Ensemble(MAP):
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        # one tuning of the prior and noise scale (prior_precision), shared by the members: member 0 stays the map run
+        problem, tuned = self.target(key, problem)
         keys = member_keys(key, self.num_members)
         # As map does for its one run: split each member's key into its initial point and its steps.
         split = jax.vmap(jax.random.split)(keys)
@@ -84,7 +86,7 @@ class Ensemble(MAP):
             judged = judge_members(params, losses, stopped)
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :],
-                **members_record(judged, losses), info={"optimizer": config.optimizer},
+                **members_record(judged, losses), info={"optimizer": config.optimizer, **tuned},
             )
 
         result = minimize(

@@ -41,6 +41,7 @@ from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
 from ppl._records import Evidence, RunStatus, TrainingTrace
 from ppl.inference import _curvature as curvature
+from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import (
     MEMORY_BUDGET_BYTES,
     Method,
@@ -86,7 +87,7 @@ class Laplace(Method):
 
     subset: Any = "auto"
     hessian: str = "auto"
-    prior_precision: Any = None
+    prior_precision: Any = "auto"
     prior_structure: str = "layer"
     rank: int = 20
     num_draws: int = 1000
@@ -124,29 +125,7 @@ class Laplace(Method):
         for option in ("rank", "num_draws", "steps", "marglik_rounds"):
             check_positive_int(self.name, option, getattr(self, option))
         check_positive(self.name, "learning_rate", self.learning_rate)
-        precision = self.prior_precision
-        if isinstance(precision, str) and precision != "marglik":
-            # from the command line: "2.0" or "1.0,4.0" (one per layer)
-            try:
-                parts = [float(p) for p in precision.split(",")]
-            except ValueError:
-                parts = None
-            if parts is not None:
-                precision = parts[0] if len(parts) == 1 else tuple(parts)
-        if isinstance(precision, str):
-            if precision != "marglik":
-                raise OptionError(f"{self.name}: prior_precision={precision!r}; use a number, one per layer, or 'marglik'")
-        elif precision is not None:
-            values = np.atleast_1d(np.asarray(precision, dtype=object))
-            if values.ndim != 1 or not all(
-                isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool)
-                and math.isfinite(float(v)) and v > 0 for v in values
-            ):
-                raise OptionError(
-                    f"{self.name}: prior_precision must be a positive number, one positive number per dense layer, "
-                    f"None (the model's prior) or 'marglik'; got {precision!r}"
-                )
-            object.__setattr__(self, "prior_precision", float(values[0]) if np.ndim(precision) == 0 else tuple(map(float, values)))
+        object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
         if isinstance(self.init, Posterior):
             if self.init.method != "map" or self.init.problem is None:
                 raise OptionError(
@@ -199,6 +178,8 @@ class Laplace(Method):
         return np.flatnonzero(mask)
 
     def check(self, problem) -> None:
+        if isinstance(self.init, Posterior):
+            problem = empirical_bayes.init_target(problem, self.init)
         subset, hessian = self.structure(problem)
         check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
@@ -212,11 +193,6 @@ class Laplace(Method):
                     f"{self.name}: a plain NumPyro program has no network layers, so subset={subset!r} and "
                     f"hessian={hessian!r} do not apply; it gets the exact Hessian: subset='all', hessian='full'"
                     + (" (K-FAC needs dense layers)" if hessian == "kfac" else "")
-                )
-            if self.prior_precision is not None:
-                raise OptionError(
-                    f"{self.name}: prior_precision applies to the Gaussian weight priors of ppl.models networks; a "
-                    "plain program declares its own prior — change it in the program"
                 )
         if isinstance(subset, tuple) and len(subset) != problem.num_params:
             raise OptionError(
@@ -237,33 +213,12 @@ class Laplace(Method):
                     f"{type(model).__name__} ({why}): it cannot handle the parameter groups {groups} — use "
                     "hessian='full', 'diag' or 'lowrank' (the generic GGN works for any network)"
                 )
-            layers = problem.parameter_groups()
-            if self.prior_precision is not None and not model.gaussian_prior:
-                raise OptionError(
-                    f"{self.name}: prior_precision={self.prior_precision!r} replaces a Gaussian prior's precision, but "
-                    f"this model's prior ({type(model.prior).__name__}) is not Gaussian — use prior_precision=None "
-                    "(the model's own prior), or a Gaussian prior (Isotropic, PerLayer, FanIn)"
-                )
-            if isinstance(self.prior_precision, tuple) and len(self.prior_precision) != len(layers):
-                raise OptionError(
-                    f"{self.name}: prior_precision gives {len(self.prior_precision)} values but the network has "
-                    f"{len(layers)} layers ({', '.join(name for name, _ in layers)}); give one per layer or a single number"
-                )
-            if hessian == "kfac" and self.prior_precision is None:
+            if hessian == "kfac" and empirical_bayes.resolve(self.prior_precision, problem) is None:
                 # A Gaussian prior's precision does not depend on θ: check it before any work.
                 prior = np.asarray(curvature.prior_precision_diagonal(problem, problem.init_params))
                 for (start, rows, cols) in _free_layers(curvature.layer_slices(problem), self.free_index(problem)):
                     _one_precision(problem, prior[start : start + rows * cols], start)
-            if self.prior_precision == "marglik" and model.multi_output and model.noise_scale is None:
-                raise OptionError(
-                    f"{self.name}: marglik tunes one Gaussian noise scale, but this model learns {model.num_outputs} "
-                    "(one per output); fix them with BNN(noise_scale=...) (a number or one per output), or give "
-                    "prior_precision a number instead of 'marglik'"
-                )
-            if self.prior_precision == "marglik" and problem.likelihood == "gaussian" and model.noise_scale is None:
-                support = [s for s in problem.sites if s.name == "sigma"]
-                if not support:
-                    raise OptionError(f"{self.name}: marglik expected the model's noise site 'sigma'")
+        empirical_bayes.check(self.name, self.prior_precision, problem)
         self.check_memory(problem)
 
     def check_memory(self, problem) -> None:
@@ -294,10 +249,17 @@ class Laplace(Method):
     def run(self, key, problem) -> Posterior:
         self.check(problem)
         map_key, curve_key, draw_key = jax.random.split(key, 3)
-        target = problem
-        if isinstance(self.prior_precision, (float, tuple)):
-            target = _with_prior(problem, self.prior_precision)
-        u, status, trace, info = self._map(map_key, target)
+        if isinstance(self.init, Posterior):
+            problem = empirical_bayes.init_target(problem, self.init)
+        precision = empirical_bayes.resolve(self.prior_precision, problem)
+        target, info = problem, {}
+        if isinstance(precision, (float, tuple)):
+            target = _with_prior(problem, precision)
+        elif precision == "marglik" and self.prior_precision == "auto":
+            # the default: tuned over all weights (as every point method tunes), then approximated as asked
+            target, info = empirical_bayes.tuned(self.name, key, problem, steps=self.steps, init=self._init_name())
+        u, status, trace, map_info = self._map(map_key, target)
+        info.update(map_info)
         if self.prior_precision == "marglik":
             target, u, marglik_status, marglik_info = self._marglik(curve_key, target, u)
             # the mode is marglik's last MAP: its stationarity is the verdict; a Ctrl-C in the first search stays recorded
@@ -317,6 +279,9 @@ class Laplace(Method):
             evidence=None if log_evidence is None else Evidence(log_evidence=float(log_evidence)), info=info,
             approximation=family,
         )
+
+    def _init_name(self) -> str:
+        return "prior" if isinstance(self.init, Posterior) else self.init
 
     def _map(self, key, problem) -> tuple:
         """(mode, status, MAP trace or None, info): the mode and how it was found (from ``init`` or
@@ -350,65 +315,80 @@ class Laplace(Method):
         return u, status, found.trace, {"map_gradient_norm": norm}
 
     def _marglik(self, key, problem, u) -> tuple:
-        """Alternate MAP, curvature and evidence maximisation over the prior precision (and σ)."""
-        subset, hessian = self.structure(problem)
-        index = self.free_index(problem)
-        model = problem.model
-        layers = curvature.group_slices(problem)
-        slices = curvature.layer_slices(problem) if model.has_layers else None
-        groups = np.full(problem.num_params, -1)
-        for l, (start, size) in enumerate(layers):
-            groups[start : start + size] = l if self.prior_structure == "layer" else 0
-        num_groups = len(layers) if self.prior_structure == "layer" else 1
-        weights = groups >= 0
-        sigma_at = _sigma_index(problem)
-        prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
-        log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
-        log_sigma = float(u[sigma_at]) if sigma_at is not None else None
-        arrays = _MarglikArrays(
-            groups=jnp.asarray(np.where(weights, groups, 0)), weights=jnp.asarray(weights, u.dtype),
-            free=jnp.asarray(index),
+        """Alternate MAP, curvature and evidence maximisation over the prior precision (and σ),
+        over this approximation's own coordinates and curvature structure."""
+        _, hessian = self.structure(problem)
+        return tune_evidence(
+            key, problem, u, index=self.free_index(problem), hessian=hessian, rank=self.rank,
+            prior_structure=self.prior_structure, steps=self.steps, rounds=self.marglik_rounds,
         )
-        evidences = []
-        for round_ in range(self.marglik_rounds):
-            alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
-            if sigma_at is not None:
-                u = u.at[sigma_at].set(log_sigma)
-            u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
-            old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
-            with curvature.float64():
-                pieces = _curvature_pieces(
-                    problem, u, index, hessian, self.rank, jax.random.fold_in(key, round_), slices
-                )
-                log_alpha, log_sigma, evidence = _maximise_evidence(
-                    problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
-                )
-            evidences.append(evidence)
-            new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
-            if np.max(np.abs(new - old)) < MARGLIK_RTOL:
-                break
+
+
+def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_structure: str, steps: int,
+                  rounds: int) -> tuple:
+    """Type-II maximum likelihood (MacKay 1992; Immer et al. 2021): alternate the MAP under the
+    current hyperparameters (``steps`` L-BFGS iterations), the curvature at it over the coordinates
+    ``index`` in structure ``hessian``, and the maximisation of the Laplace evidence over one prior
+    precision per layer (one in all with ``prior_structure="scalar"``) and over a learned Gaussian
+    noise scale σ, for at most ``rounds`` rounds. Returns ``(target, u_target, status, info)``: the
+    model with the tuned prior (and σ fixed at its tuned value) compiled as a problem, the mode on
+    it, its stationarity and a record of the tuning."""
+    model = problem.model
+    layers = curvature.group_slices(problem)
+    slices = curvature.layer_slices(problem) if model.has_layers else None
+    groups = np.full(problem.num_params, -1)
+    for l, (start, size) in enumerate(layers):
+        groups[start : start + size] = l if prior_structure == "layer" else 0
+    num_groups = len(layers) if prior_structure == "layer" else 1
+    weights = groups >= 0
+    sigma_at = _sigma_index(problem)
+    prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
+    log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
+    log_sigma = float(u[sigma_at]) if sigma_at is not None else None
+    arrays = _MarglikArrays(
+        groups=jnp.asarray(np.where(weights, groups, 0)), weights=jnp.asarray(weights, u.dtype),
+        free=jnp.asarray(index),
+    )
+    evidences = []
+    for round_ in range(rounds):
         alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
         if sigma_at is not None:
             u = u.at[sigma_at].set(log_sigma)
-        u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, self.steps)
-        alphas = np.exp(log_alpha)
-        per_layer = tuple(float(alphas[l if num_groups > 1 else 0]) for l in range(len(layers)))
-        tuned = model.with_prior_scales(tuple(1.0 / math.sqrt(a) for a in per_layer))
-        if log_sigma is not None:
-            tuned = tuned.with_noise_scale(math.exp(log_sigma))
-        target = _recompiled(problem, tuned)
-        flat = problem.unravel(u)
-        u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
-        status, _, stationary = _stationarity(target, u_target, key, None, "marglik's MAP")
-        info = {
-            "prior_precision": list(per_layer),
-            "marglik_rounds": len(evidences),
-            "marglik_evidence": np.asarray(evidences),
-            **stationary,
-        }
-        if log_sigma is not None:
-            info["noise_scale"] = math.exp(log_sigma)
-        return target, u_target, status, info
+        u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
+        old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+        with curvature.float64():
+            pieces = _curvature_pieces(
+                problem, u, index, hessian, rank, jax.random.fold_in(key, round_), slices
+            )
+            log_alpha, log_sigma, evidence = _maximise_evidence(
+                problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
+            )
+        evidences.append(evidence)
+        new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+        if np.max(np.abs(new - old)) < MARGLIK_RTOL:
+            break
+    alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
+    if sigma_at is not None:
+        u = u.at[sigma_at].set(log_sigma)
+    u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
+    alphas = np.exp(log_alpha)
+    per_layer = tuple(float(alphas[l if num_groups > 1 else 0]) for l in range(len(layers)))
+    tuned = model.with_prior_scales(tuple(1.0 / math.sqrt(a) for a in per_layer))
+    if log_sigma is not None:
+        tuned = tuned.with_noise_scale(math.exp(log_sigma))
+    target = _recompiled(problem, tuned)
+    flat = problem.unravel(u)
+    u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
+    status, _, stationary = _stationarity(target, u_target, key, None, "marglik's MAP")
+    info = {
+        "prior_precision": list(per_layer),
+        "marglik_rounds": len(evidences),
+        "marglik_evidence": np.asarray(evidences),
+        **stationary,
+    }
+    if log_sigma is not None:
+        info["noise_scale"] = math.exp(log_sigma)
+    return target, u_target, status, info
 
 
 def _recompiled(problem, model):

@@ -24,7 +24,8 @@ from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
-from ppl.inference.laplace import Laplace, _stationarity, _with_prior, laplace_gaussian
+from ppl.inference import _empirical_bayes as empirical_bayes
+from ppl.inference.laplace import Laplace, _stationarity, laplace_gaussian
 
 __all__ = ["MoLA"]
 
@@ -33,7 +34,8 @@ __all__ = ["MoLA"]
 class MoLA(Method):
     """Mixture of last-layer Laplace approximations around ``num_members`` MAP networks.
 
-    ``hessian``, ``prior_precision`` (None: the model's prior; a number or one per layer) and
+    ``hessian``, ``prior_precision`` (as for ``map``: ``"auto"`` tunes a regression network's prior
+    and learned σ by the evidence once, for all members; None: the model's prior) and
     ``rank`` are those of ``laplace`` (``hessian="auto"``: K-FAC for dense networks, the full GGN of
     the last layer for a user's ``Network``); ``steps`` bounds each member's L-BFGS iterations.
     """
@@ -45,7 +47,7 @@ class MoLA(Method):
 
     num_members: int = 5
     hessian: str = "auto"
-    prior_precision: Any = None
+    prior_precision: Any = "auto"
     rank: int = 20
     num_draws: int = 1000
     steps: int = 2000
@@ -55,17 +57,13 @@ class MoLA(Method):
         super().__post_init__()
         check_positive_int(self.name, "num_members", self.num_members)
         check_choice(self.name, "hessian", self.hessian, ("auto", "full", "diag", "kfac", "lowrank"))
-        if self.prior_precision == "marglik":
-            raise OptionError(
-                f"{self.name}: prior_precision='marglik' is not offered here (each member would tune its own prior); "
-                "tune it with method='laplace', prior_precision='marglik' and pass the value"
-            )
+        object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
         check_choice(self.name, "init", self.init, ("prior", "uniform"))
         self._laplace()  # validates the shared options
 
     def _laplace(self) -> Laplace:
         return Laplace(
-            subset="last_layer", hessian=self.hessian, prior_precision=self.prior_precision, rank=self.rank,
+            subset="last_layer", hessian=self.hessian, prior_precision=None, rank=self.rank,
             num_draws=self.num_draws, steps=self.steps, init=self.init,
         )
 
@@ -75,14 +73,18 @@ class MoLA(Method):
     def check(self, problem) -> None:
         if not problem.is_declarative:
             raise OptionError(f"{self.name}: a mixture of last-layer Laplace needs a network from ppl.models")
+        empirical_bayes.check(self.name, self.prior_precision, problem)
         self._laplace().check(problem)
 
     def run(self, key, problem) -> Posterior:
         self.check(problem)
         laplace = self._laplace()
-        target = problem if laplace.prior_precision is None else _with_prior(problem, laplace.prior_precision)
+        # one prior (tuned once under "auto" for a regression network with a learned σ) for every member
+        target, tuned = empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps,
+                                                init=self.init)
         start_key, curve_key, draw_key = jax.random.split(key, 3)
-        members = Ensemble(num_members=self.num_members, steps=self.steps, optimizer="lbfgs", init=self.init)
+        members = Ensemble(num_members=self.num_members, steps=self.steps, optimizer="lbfgs", init=self.init,
+                           prior_precision=None)
         found = members.run(start_key, target)
         modes = found.flat_draws[:, 0]
         keys = member_keys(start_key, self.num_members)
@@ -106,6 +108,7 @@ class MoLA(Method):
             "num_free": int(len(index)),
             "member_log_evidence": np.asarray(evidences),
             "member_gradient_norm": np.asarray(norms),
+            **tuned,
         }
         flat = draw(mixture, draw_key, self.num_draws)
         return Posterior(

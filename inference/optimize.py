@@ -27,6 +27,7 @@ from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
 from ppl.inference import _devices
+from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
 
@@ -757,10 +758,16 @@ class MAP(Method):
     run is judged, and one that has not settled goes on in further rounds of ``steps`` (Adam's
     cosine schedule restarts each round) until it settles or ``max_steps`` are done (None:
     ``MAX_ROUNDS`` × ``steps``; ``max_steps=steps`` gives exactly ``steps``).
+
+    ``prior_precision`` (:mod:`ppl.inference._empirical_bayes`): ``"auto"`` tunes the prior and
+    the noise scale of a regression network with a learned σ by the Laplace evidence before the
+    run (a MAP under the declared prior collapses σ to the training residual), and keeps the
+    model's prior otherwise; None, ``"marglik"``, a number or one per layer as for ``laplace``.
     """
 
     name = "map"
     kind = "point"
+    model_options = ("prior_precision",)
     description = "maximum a posteriori point estimate by optax (L-BFGS full batch, Adam minibatch)"
 
     steps: int = 2000
@@ -769,6 +776,7 @@ class MAP(Method):
     optimizer: str = "auto"
     init: str = "prior"
     max_steps: int | None = None
+    prior_precision: Any = "auto"
 
     def __post_init__(self):
         super().__post_init__()
@@ -779,9 +787,16 @@ class MAP(Method):
         check_choice(self.name, "init", self.init, INITS)
         if self.optimizer == "lbfgs" and self.batch_size is not None:
             raise OptionError("map: optimizer='lbfgs' needs full-batch data; use 'adam' (or 'auto') with batch_size")
+        object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        empirical_bayes.check(self.name, self.prior_precision, problem)
+
+    def target(self, key, problem) -> tuple:
+        """(the problem to run on, a record for ``info``): the model with the prior
+        ``prior_precision`` sets (tuned by the evidence under ``"auto"``/``"marglik"``)."""
+        return empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps, init=self.init)
 
     def config(self) -> OptimizerConfig:
         optimizer = self.optimizer
@@ -794,6 +809,7 @@ class MAP(Method):
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        problem, tuned = self.target(key, problem)
         init_key, run_key = jax.random.split(key)
         start = problem.init_position(init_key, self.init)
         config = self.config()
@@ -809,7 +825,7 @@ class MAP(Method):
             )
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], status=status,
-                trace=trace, info={"optimizer": config.optimizer}, approximation=PointMass(params),
+                trace=trace, info={"optimizer": config.optimizer, **tuned}, approximation=PointMass(params),
             )
 
         result = minimize(

@@ -37,6 +37,7 @@ from ppl._errors import OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
+from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
@@ -125,9 +126,13 @@ class SWAG(Method):
         scale: multiplies the covariance (Maddox et al. sample with 0.5).
         batch_size: rows per SGD step; None takes min(64, N).
         num_draws: draws from q stored in the Posterior.
+        prior_precision: the prior and noise scale the run uses, as for ``map``: ``"auto"`` tunes a
+            regression network's prior and learned σ by the Laplace evidence first (SGD on the
+            declared model would shrink σ to the training residual), None keeps the model's.
     """
 
     name: ClassVar[str] = "swag"
+    model_options: ClassVar[tuple] = ("prior_precision",)
     kind: ClassVar[str] = "independent"
     description: ClassVar[str] = (
         "SWAG: Gaussian (diagonal plus rank K) from the moments of an SGD trajectory started at the MAP"
@@ -143,6 +148,7 @@ class SWAG(Method):
     scale: float = 1.0
     batch_size: int | None = None
     num_draws: int = 1000
+    prior_precision: Any = "auto"
 
     @classmethod
     def remedy(cls, posterior, topic):
@@ -172,12 +178,16 @@ class SWAG(Method):
             )
         if self.batch_size is not None:
             check_positive_int(self.name, "batch_size", self.batch_size)
+        object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
 
     def stored_draws(self) -> int:
         return int(self.num_draws)
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        if isinstance(self.init, Posterior):
+            problem = empirical_bayes.init_target(problem, self.init)
+        empirical_bayes.check(self.name, self.prior_precision, problem)
         if isinstance(self.init, Posterior):
             kind, what = self._expected_init()
             check_init_posterior(self.name, self.init, problem, what, (kind,), self._members() or 1)
@@ -199,7 +209,7 @@ class SWAG(Method):
         """(the SGD phase's start, a record of the pre-training), pre-training under ``session``."""
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
-        found = MAP(steps=self.steps, init=self.init).run(key, problem, session=session)
+        found = MAP(steps=self.steps, init=self.init, prior_precision=None).run(key, problem, session=session)
         return self._pretrained(found, found.approximation.loc)
 
     def _pretrained(self, found: Posterior, starts) -> tuple:
@@ -217,6 +227,13 @@ class SWAG(Method):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
+        if isinstance(self.init, Posterior):
+            problem = empirical_bayes.init_target(problem, self.init)
+        # the prior and σ the whole run uses (tuned again, identically, when a run is resumed)
+        problem, tuned = empirical_bayes.prepare(
+            self.name, self.prior_precision, key, problem, steps=self.steps,
+            init="prior" if isinstance(self.init, Posterior) else self.init,
+        )
         map_key, swag_key, draw_key = jax.random.split(key, 3)
         members = self._members()
         if session.resumed_phase() == "swag":
@@ -245,7 +262,7 @@ class SWAG(Method):
             )
         family = self._family(result.collected, min(count, self.rank))
         done = int(result.losses.shape[-1])
-        info.update(snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size)
+        info.update(snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size, **tuned)
         flat = draw(family, draw_key, self.num_draws)
         # The SGD phase explores around the mode at a constant (or cyclic) rate: it is not meant to
         # converge, so the status carries no convergence verdict.
@@ -284,7 +301,8 @@ class MultiSWAG(SWAG):
     def _starts(self, key, problem, session: Session) -> tuple:
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.flat_draws[:, 0], problem.init_params.dtype), {}
-        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init).run(key, problem, session=session)
+        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init, prior_precision=None).run(
+            key, problem, session=session)
         return self._pretrained(found, found.flat_draws[:, 0])
 
     def _family(self, moments: SwagState, rank: int):

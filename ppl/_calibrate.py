@@ -232,7 +232,9 @@ def calibrate(posterior, val_data, *, seed, num_samples: int | None = None, mode
 
     Minimises the validation NLL −(1/N) Σ_i log (1/S) Σ_s softmax(f_s(x_i) / T)_{y_i} over log T
     (a grid on [1/100, 100] refined by bounded Brent, in float64); T = 1 is a candidate, so the
-    validation NLL never gets worse. One scalar keeps the ranking of each draw's classes, so
+    validation NLL never gets worse. An optimum at a bound of the search is refused (T = 1 is kept,
+    and ``notes`` says why): it means the split cannot tell temperatures apart, as when every
+    validation point is classified right and the NLL falls without limit as T → 0. One scalar keeps the ranking of each draw's classes, so
     accuracy is (for one draw, exactly) unchanged (Guo et al. 2017, "On calibration of modern
     neural networks", ICML).
 
@@ -264,11 +266,16 @@ def calibrate(posterior, val_data, *, seed, num_samples: int | None = None, mode
     temperature, nll, nll_at_one, at_bound = _fit_temperature(_members(prediction), np.asarray(y, dtype=np.int64))
     notes = []
     if at_bound:
+        # An optimum at the bound is not a temperature the data chose: the NLL falls without limit as T
+        # shrinks when every validation point is classified right (and as T grows when the predictions
+        # carry no information). Applying it would make every future mistake near-certain — on one such
+        # split T = 0.01 made the test NLL 35 times worse — so T = 1 is kept.
         notes.append(
-            f"the validation NLL kept falling up to the search bound (T = {temperature:.3g}): the validation split "
-            "cannot pin the temperature down (every point classified right, or predictions no better than "
-            "uniform) — use a larger or harder validation split"
+            f"the validation NLL kept falling up to the search bound (T = {temperature:.3g}), so no temperature was "
+            "applied (T = 1 kept): the validation split cannot pin the temperature down (every point classified "
+            "right, or predictions no better than uniform) — use a larger or harder validation split"
         )
+        temperature, nll = 1.0, nll_at_one
     return Calibration(
         posterior=posterior, temperature=temperature, validation_nll=nll, validation_nll_uncalibrated=nll_at_one,
         num_validation=int(X.shape[0]), num_samples=num_samples, mode=mode, notes=tuple(notes),

@@ -322,6 +322,10 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
     for method, posterior in result.posteriors.items():
         row = _failed_row(method, None, posterior.wall_time_s)
         try:
+            if test is not None and _supervised(posterior):
+                # the verdict also judges the predictive on the test rows (better than a trivial baseline,
+                # honest 90% intervals): an over-fitted posterior that its own draws cannot expose is caught here
+                posterior.hold_out(test.X, test.y)
             _diagnostic_columns(row, posterior.diagnostics())
             if test is not None:
                 prediction = posterior.predict(test.X, seed=seed)
@@ -363,6 +367,11 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
         for entry in result.elpd:
             row = result.row(entry["method"])
             row["elpd_diff"], row["elpd_diff_se"] = entry["elpd_diff"], entry["dse"]
+
+
+def _supervised(posterior) -> bool:
+    problem = posterior.problem
+    return problem is not None and problem.is_declarative and problem.spec.kind != "unsupervised"
 
 
 def _reference_notes(result: Comparison) -> None:

@@ -546,6 +546,9 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
     arrays["flat_draws"] = np.asarray(posterior.flat_draws)
     if problem.is_declarative:
         arrays["data/X"], arrays["data/y"] = (np.asarray(a) for a in problem.data)
+        if getattr(posterior, "heldout", None) is not None:
+            # the rows the verdict's held-out check predicts: a load recomputes the check from them
+            arrays["heldout/X"], arrays["heldout/y"] = (np.asarray(a) for a in posterior.heldout)
     elif problem.spec.kind == "unsupervised":
         arrays["data/X"] = np.asarray(problem.data)
     else:
@@ -770,7 +773,7 @@ _PLAIN_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,99}")
 _SITE_NAME = re.compile(r"[A-Za-z_][\w.-]{0,99}")  # what a draws/<name> member of arrays.npz can hold
 # The members a run's arrays.npz may hold (np.savez adds ".npy"); anything else is refused unread.
 _ARRAY_NAME = re.compile(
-    r"(flat_draws|data/[A-Za-z_]\w{0,99}|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_][a-z0-9_]{0,47}|"
+    r"(flat_draws|data/[A-Za-z_]\w{0,99}|heldout/[Xy]|draws/[A-Za-z_][\w.-]{0,99}|approximation/[a-z_][a-z0-9_]{0,47}|"
     r"info/[A-Za-z_][\w.-]{0,99}|records/[a-z_]{1,20}/[a-z_]{1,40}|state/\d{1,6}|resume/[A-Za-z_][\w./-]{0,99}|local/encoder)\.npy"
 )
 
@@ -875,7 +878,8 @@ _DIAGNOSTIC_TYPES = {
     "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
     "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER,
     "elpd_loo_pointwise": (list, type(None)), "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
-    "wall_time_s": _NUMBER, "target": (str, type(None)), "warnings": list, "ok": bool, "notes": dict, "checks": list,
+    "wall_time_s": _NUMBER, "heldout_rows": (int, type(None)), "heldout_ll": _NUMBER, "heldout_baseline_ll": _NUMBER,
+    "heldout_coverage_90": _NUMBER, "target": (str, type(None)), "warnings": list, "ok": bool, "notes": dict, "checks": list,
 }
 _CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "threshold": (int, float, type(None)),
                 "passed": (bool,), "message": (str,)}
@@ -1005,6 +1009,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         # runs saved before pointwise LOO values were kept have none
         diagnostics.setdefault("elpd_loo_pointwise", None)
         diagnostics.setdefault("target", None)  # runs saved before replaced models were recorded
+        for field in ("heldout_rows", "heldout_ll", "heldout_baseline_ll", "heldout_coverage_90"):
+            diagnostics.setdefault(field, None)  # runs saved before the held-out check
         for field, kinds in _DIAGNOSTIC_TYPES.items():
             value = diagnostics.get(field)
             allowed = kinds if isinstance(kinds, tuple) else (kinds,)
@@ -1022,7 +1028,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
                     isinstance(item[k], kinds) and (bool in kinds or not isinstance(item[k], bool))
                     for k, kinds in _CHECK_TYPES.items())):
                 raise check.fail("checks", "a list of {field, value, threshold, passed, message} objects", item)
-        for field in ("num_chains", "num_draws", "divergences", "tree_depth_hits", "loo_khat_bad", "wall_time_s"):
+        for field in ("num_chains", "num_draws", "divergences", "tree_depth_hits", "loo_khat_bad", "wall_time_s",
+                      "heldout_rows"):
             # counts and seconds are never negative (nor NaN): a detached run would show them as they are
             if diagnostics[field] is not None and not diagnostics[field] >= 0:
                 raise check.fail(field, "a non-negative number", diagnostics[field])
@@ -1389,11 +1396,27 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
     )
     if problem.local_sites:
         posterior.local_guide = _local_guide(folder, problem, meta, arrays)
+    if "heldout/X" in arrays or "heldout/y" in arrays:
+        _attach_heldout(posterior, arrays, folder)
     posterior.resume_state = resume
     posterior.fingerprint = meta.get("fingerprint")
     posterior.provenance = _replacement_from_records(meta, problem.model, folder)
     # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
     return posterior, resume, meta
+
+
+def _attach_heldout(posterior, arrays: dict, folder: Path) -> None:
+    """The saved held-out rows, checked as new held-out data would be (the verdict is recomputed
+    from them; a run saved with them cannot lose them unnoticed)."""
+    if "heldout/X" not in arrays or "heldout/y" not in arrays:
+        raise RunError(f"{folder}/{ARRAYS}: held-out rows are saved without their {'targets' if 'heldout/X' in arrays else 'inputs'}"
+                       " — the file was edited")
+    X = _check_array(folder, arrays, "heldout/X")
+    y = _check_array(folder, arrays, "heldout/y", kinds="biuf")
+    try:
+        posterior.hold_out(X, y)
+    except (ValueError, TypeError, DataError) as error:
+        raise RunError(f"{folder}/{ARRAYS}: the saved held-out rows do not fit the model ({error})") from None
 
 
 def _replacement_from_records(meta: dict, used, folder: Path) -> dict:

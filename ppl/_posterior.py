@@ -304,6 +304,8 @@ class Posterior:
         # What ran (model with its settings, data size and source, package versions); set by ppl.fit.
         self.provenance: dict = {}
         self.program = None  # a detached run's program name (see Posterior.detached)
+        # (X, y) rows the fit never saw, checked by the diagnostics (see Posterior.hold_out)
+        self.heldout = None
         # (guide, encoder parameters) of a model with local latents (a VAE fitted by svi)
         self.local_guide = None
         self.deterministic_sites = tuple(site.name for site in problem.deterministic_sites)
@@ -339,7 +341,7 @@ class Posterior:
         self.resume_state = self.fingerprint = None
         self.provenance = dict(provenance)
         self.program, self._folder = program, folder
-        self.local_guide = None
+        self.local_guide = self.heldout = None
         # Stored draws of a sampler can be resampled without the model; draws from q cannot be made anew.
         self._detached_sampler = bool(sampler)
         self._cache = {} if diagnostics is None else {"diagnostics": diagnostics}
@@ -718,6 +720,31 @@ class Posterior:
         from ppl.inference.registry import METHODS, get
 
         return (get(self.method) if self.method in METHODS else Method).remedy(self, topic)
+
+    def hold_out(self, X, y):
+        """Judge this run also on rows ``(X, y)`` it was not fitted on; returns the posterior.
+
+        The diagnostics then check the predictive against a trivial baseline and the coverage of
+        its 90% intervals (:mod:`ppl.diagnostics.heldout`), so a fit that over-fits its training
+        rows is not called trustworthy. The rows are saved with the run, and the verdict is
+        recomputed from them on every load. ``ppl.fit(..., validation=f)`` holds out a share of the
+        training rows itself; ``ppl fit`` and ``ppl compare`` hold out their test split.
+        """
+        self._attached("hold_out")
+        if not self.problem.is_declarative or self.problem.spec.kind == "unsupervised":
+            raise TypeError(
+                "hold_out needs a supervised declarative model from ppl.models (it predicts y from X); for a plain "
+                "NumPyro program, score held-out data with numpyro.infer.Predictive"
+            )
+        from ppl._data import validate_supervised
+
+        X, y = validate_supervised(self.problem.model, (X, y), where="held-out data")
+        if y is None or len(X) == 0:
+            raise TypeError("hold_out needs at least one held-out row with its target: pass (X, y)")
+        X = self._new_inputs(X)
+        self.heldout = (np.asarray(X), np.asarray(y))
+        self._cache.pop("diagnostics", None)
+        return self
 
     def diagnostics(self):
         """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""

@@ -171,6 +171,12 @@ class Diagnostics:
     iwae: float | None = None
     log_evidence: float | None = None
     wall_time_s: float | None = None
+    # the held-out check (rows the fit never saw; diagnostics.heldout): mean log-likelihood per row, the
+    # trivial baseline's, and the coverage of the central 90% predictive interval (regression)
+    heldout_rows: int | None = None
+    heldout_ll: float | None = None
+    heldout_baseline_ll: float | None = None
+    heldout_coverage_90: float | None = None
     # None when the run is the posterior of the declared model; otherwise which posterior it is
     # (an option such as Laplace's prior_precision replaced part of the model) — the verdict says it
     target: str | None = None
@@ -264,6 +270,8 @@ _CHECK_LABELS = {
     "divergences": ("divergences", None, "d"), "ebfmi_min": ("E-BFMI", "≥", ".2f"), "khat": ("PSIS k-hat", "≤", ".2f"),
     "variance_inflation": ("predicted variance inflation", "≤", ".3g"),
     "status.converged": ("the optimisation converged", None, None),
+    "heldout_ll": ("held-out log-likelihood", "≥ baseline", ".3g"),
+    "heldout_coverage_90": ("held-out 90% coverage", "within ±", ".2f"),
 }
 
 
@@ -273,6 +281,10 @@ def _describe_check(check: Check) -> str:
         return label
     if check.field == "divergences":
         return f"{check.value} {label}"
+    if check.field == "heldout_ll":
+        return f"{label} {check.value:.3g} ≥ baseline {check.threshold:.3g}"
+    if check.field == "heldout_coverage_90":
+        return f"{label} {check.value:.2f} (0.9 ± {check.threshold:.2f})"
     if check.field == "khat" and check.value == float("-inf"):
         return "q equals the posterior (constant log p − log q)"
     return f"{label} {check.value:{number}} {comparison} {check.threshold:{number if number != '.0f' else 'd'}}"

@@ -689,6 +689,9 @@ def _fit(args) -> int:
                         print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
                     raise
                 posterior.provenance["data"].update(_data_source(args, data))
+                if args.model != "vae" and len(data.test.X):
+                    # the verdict also judges the predictive on the test split (ppl.diagnostics.heldout)
+                    posterior.hold_out(*data.test)
                 diagnostics = posterior.diagnostics()
             record["diagnostics"] = diagnostics.to_dict()
             if posterior.status.interrupted:
