@@ -113,21 +113,30 @@ class LowRankDiagonal:
         head = eps[..., : self.dim]
         return head * jnp.broadcast_to(self.diag_scale, head.shape) + eps[..., self.dim :] @ self.factor.T
 
-    def _capacitance(self):
-        # I + Wᵀ D⁻² W (r × r): Woodbury and the determinant lemma both go through it.
-        scaled = self.factor / self.diag_scale[:, None]
-        return jnp.eye(self.factor.shape[-1]) + scaled.T @ scaled
+    def _basis(self):
+        """(U, λ, E): D⁻¹W = U T with U (P, r) orthonormal (thin QR), and T Tᵀ = E diag(λ) Eᵀ, so that
+        Σ = D (I + U T Tᵀ Uᵀ) D. Everything below goes through these, never through the capacitance
+        I + Wᵀ D⁻² W: where a coordinate's diagonal scale is tiny (SWAG floors a coordinate SGD never
+        moved at float resolution) that matrix's entries reach 1e10 and its float32 Cholesky fails
+        (NaN), and the Woodbury form of the whitened norm cancels catastrophically."""
+        basis, upper = jnp.linalg.qr(self.factor / self.diag_scale[:, None])
+        values, vectors = jnp.linalg.eigh(upper @ upper.T)
+        return basis, jnp.maximum(values, 0.0), vectors
 
     def log_det(self):
-        chol = jnp.linalg.cholesky(self._capacitance())
-        return 2.0 * jnp.sum(jnp.log(self.diag_scale)) + 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
+        _, values, _ = self._basis()
+        return 2.0 * jnp.sum(jnp.log(self.diag_scale)) + jnp.sum(jnp.log1p(values))
 
     def whitened_sq_norm(self, x):
-        inv_d2 = jnp.broadcast_to(1.0 / jnp.square(self.diag_scale), x.shape)
-        chol = jnp.linalg.cholesky(self._capacitance())
-        proj = (x * inv_d2) @ self.factor
-        sol = solve_triangular(chol, proj.T, lower=True).T
-        return jnp.sum(jnp.square(x) * inv_d2, axis=-1) - jnp.sum(jnp.square(sol), axis=-1)
+        # v = D⁻¹x split into its part outside span(U), whose squared norm counts in full, and its
+        # coordinates c = Uᵀv inside, weighted by (I + T Tᵀ)⁻¹: a sum of non-negative terms.
+        basis, values, vectors = self._basis()
+        v = x / jnp.broadcast_to(self.diag_scale, x.shape)
+        inside = v @ basis
+        outside = v - inside @ basis.T
+        rotated = inside @ vectors
+        weight = jnp.broadcast_to(1.0 + values, rotated.shape)
+        return jnp.sum(jnp.square(outside), axis=-1) + jnp.sum(jnp.square(rotated) / weight, axis=-1)
 
     def variance(self):
         return jnp.square(self.diag_scale) + jnp.sum(jnp.square(self.factor), axis=-1)

@@ -123,7 +123,12 @@ class SWAG(Method):
             cycle of ``collect_every`` steps; the iterate is collected at the cycle's end).
         collect_every: steps between collected iterates.
         rank: K, the number of last deviations kept (the rank of D).
-        scale: multiplies the covariance (Maddox et al. sample with 0.5).
+        scale: ``"elbo"`` (the default) fits the factor c that multiplies the SWAG covariance by
+            maximising the ELBO of N(θ̄, c Σ_SWAG) against the (tempered) posterior, per component
+            for MultiSWAG; a number fixes c (Maddox et al. sample with 0.5). SGD's spread follows
+            its learning rate and gradient noise, not the posterior, so a fixed c does not follow
+            ``temperature``; the fitted one does (c* = P / tr(Λ Σ_SWAG) for a Gaussian posterior of
+            precision Λ, which scales with T). Possible here only because SWAG has a density.
         batch_size: rows per SGD step; None takes min(64, N).
         num_draws: draws from q stored in the Posterior.
         prior_precision: the prior and noise scale the run uses, as for ``map``: ``"auto"`` tunes a
@@ -145,7 +150,7 @@ class SWAG(Method):
     schedule: str = "constant"
     collect_every: int = 10
     rank: int = 20
-    scale: float = 1.0
+    scale: Any = "elbo"
     batch_size: int | None = None
     num_draws: int = 1000
     prior_precision: Any = "auto"
@@ -162,7 +167,13 @@ class SWAG(Method):
         for option in ("steps", "swag_steps", "collect_every", "num_draws"):
             check_positive_int(self.name, option, getattr(self, option))
         check_positive(self.name, "learning_rate", self.learning_rate)
-        check_positive(self.name, "scale", self.scale)
+        if self.scale != "elbo":
+            if isinstance(self.scale, str):
+                try:
+                    object.__setattr__(self, "scale", float(self.scale))
+                except ValueError:
+                    raise OptionError(f"{self.name}: scale must be 'elbo' or a positive number, got {self.scale!r}") from None
+            check_positive(self.name, "scale", self.scale)
         check_choice(self.name, "schedule", self.schedule, ("constant", "cyclic"))
         if isinstance(self.rank, bool) or not isinstance(self.rank, (int, np.integer)) or self.rank < 2:
             raise OptionError(f"{self.name}: rank must be an integer ≥ 2 (K deviations, K − 1 in the divisor), got {self.rank!r}")
@@ -221,8 +232,22 @@ class SWAG(Method):
             )
         return starts, {"map_converged": found.status.converged, "map_convergence": found.status.convergence}
 
-    def _family(self, moments: SwagState, rank: int):
-        return swag_gaussian(moments, rank, float(self.scale))
+    def _scales(self, problem, moments: SwagState, rank: int, key) -> tuple:
+        """(c per component, a record for ``info``): the fixed ``scale``, or each component's
+        ELBO-maximising factor."""
+        members = self._members()
+        count = 1 if members is None else members
+        if self.scale != "elbo":
+            return (float(self.scale),) * count, {}
+        components = self._family(moments, rank, (1.0,) * count)
+        components = (components,) if members is None else components.components
+        found = [fit_scale(problem, q, jax.random.fold_in(key, m)) for m, q in enumerate(components)]
+        return tuple(c for c, _ in found), {
+            "scale_fitted": np.asarray([c for c, _ in found]), "scale_elbo": np.asarray([e for _, e in found]),
+        }
+
+    def _family(self, moments: SwagState, rank: int, scales: tuple):
+        return swag_gaussian(moments, rank, scales[0])
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
@@ -260,9 +285,11 @@ class SWAG(Method):
                 f"{self.name}: interrupted after {count} collected iterate(s); a Gaussian needs at least 2 — resume it",
                 result.resume_state,
             )
-        family = self._family(result.collected, min(count, self.rank))
+        rank = min(count, self.rank)
+        scales, fitted = self._scales(problem, result.collected, rank, jax.random.fold_in(draw_key, SCALE_STREAM))
+        family = self._family(result.collected, rank, scales)
         done = int(result.losses.shape[-1])
-        info.update(snapshots=count, rank_used=min(count, self.rank), batch_size=config.batch_size, **tuned)
+        info.update(snapshots=count, rank_used=rank, batch_size=config.batch_size, **fitted, **tuned)
         flat = draw(family, draw_key, self.num_draws)
         # The SGD phase explores around the mode at a constant (or cyclic) rate: it is not meant to
         # converge, so the status carries no convergence verdict.
@@ -305,13 +332,54 @@ class MultiSWAG(SWAG):
             key, problem, session=session)
         return self._pretrained(found, found.flat_draws[:, 0])
 
-    def _family(self, moments: SwagState, rank: int):
+    def _family(self, moments: SwagState, rank: int, scales: tuple):
         components = tuple(
-            swag_gaussian(jax.tree_util.tree_map(lambda leaf: leaf[m], moments), rank, float(self.scale))
+            swag_gaussian(jax.tree_util.tree_map(lambda leaf: leaf[m], moments), rank, scales[m])
             for m in range(self.num_members)
         )
         dtype = moments.mean.dtype
         return Mixture(components, jnp.full(self.num_members, -math.log(self.num_members), dtype))
+
+
+SCALE_STREAM = 3  # the random stream (folded into the draws' key) of the scale's ELBO draws
+SCALE_DRAWS = 64  # draws of q per ELBO evaluation, the same at every c (common random numbers)
+LOG_SCALE_BOUND = math.log(1e6)  # c is searched in [1e-6, 1e6]
+_SCALE_GRID = 25
+
+
+@jax.jit
+def _mean_log_density(problem, loc, deviations, log_scale):
+    draws = loc[None] + jnp.exp(0.5 * log_scale) * deviations
+    return jnp.mean(jax.lax.map(problem.logdensity_fn, draws, batch_size=16))
+
+
+def fit_scale(problem, q: Gaussian, key) -> tuple:
+    """(c, ELBO at c): the factor of q's covariance that maximises the ELBO of N(μ, c Σ),
+
+        ELBO(c) = E_{z ~ N(0, Σ)} log p̃(μ + √c z) + ½ P log c + const,
+
+    estimated with ``SCALE_DRAWS`` fixed draws of z (so the estimate is smooth in c), searched
+    on a grid of log c and refined by bounded Brent between the grid's neighbours. A non-finite
+    log density at a draw counts as −inf: such scales are never chosen."""
+    from scipy.optimize import minimize_scalar
+
+    loc = q.loc
+    deviations = draw(q, key, SCALE_DRAWS) - loc[None]
+    dim = int(loc.shape[-1])
+
+    def loss(log_c: float) -> float:
+        value = float(_mean_log_density(problem, loc, deviations, jnp.asarray(log_c, loc.dtype)))
+        return -(value + 0.5 * dim * log_c) if math.isfinite(value) else math.inf
+
+    grid = np.linspace(-LOG_SCALE_BOUND, LOG_SCALE_BOUND, _SCALE_GRID)
+    losses = np.array([loss(float(g)) for g in grid])
+    best = int(np.argmin(losses))
+    if not math.isfinite(losses[best]):
+        return 1.0, float("nan")  # nothing finite to maximise: q is judged (and failed) as it is
+    low, high = grid[max(best - 1, 0)], grid[min(best + 1, _SCALE_GRID - 1)]
+    refined = minimize_scalar(loss, bounds=(float(low), float(high)), method="bounded", options={"xatol": 1e-3})
+    log_c = float(refined.x) if refined.fun <= losses[best] else float(grid[best])
+    return math.exp(log_c), -min(float(refined.fun), float(losses[best]))
 
 
 def swag_gaussian(moments: SwagState, rank: int, scale: float) -> Gaussian:
