@@ -41,9 +41,14 @@ SEED = 0
 SVI_DRAWS = 4000
 METHODS = {
     "nuts": ("nuts", None),
+    "svi (default)": ("svi", {}),
     "svi mean_field": ("svi", {"guide": "mean_field", "num_draws": SVI_DRAWS}),
     "svi full_rank": ("svi", {"guide": "full_rank", "num_draws": SVI_DRAWS}),
+    "laplace": ("laplace", {}),
 }
+# What "a good answer" means for the verdict's agreement: every mean within half a reference sd
+# and every sd within [0.8, 1.25] of the reference's.
+GOOD_MEAN, GOOD_SD = 0.5, (0.8, 1.25)
 
 
 def run_one(case, method_label: str, data: dict, reference: dict) -> dict:
@@ -72,7 +77,12 @@ def run_one(case, method_label: str, data: dict, reference: dict) -> dict:
         khat = "—" if khat_value is None else f"{khat_value:.2f}"
         converged = post.status.converged
         diag = f"k-hat {khat}" + ("" if converged is None else f", loss {'converged' if converged else 'NOT converged'}")
+    good = finite and all(r.z_sd <= GOOD_MEAN and GOOD_SD[0] <= r.sd_ratio <= GOOD_SD[1] for r in rows)
+    failed = ", ".join(c.field for c in diagnostics.failed)
     return {
+        "ok": bool(diagnostics.ok),
+        "good": good,
+        "failed": failed,
         "worst_mean": worst_mean,
         "worst_sd": worst_sd,
         "passes": finite and all(r.z_sd < RULE for r in rows),
@@ -88,15 +98,17 @@ def _fmt_row(posterior: str, label: str, result: dict) -> str:
         return f"| {posterior} | {label} | error | — | — | {result['error']} | {result['wall']:.1f} |"
     m, s = result["worst_mean"], result["worst_sd"]
     verdict = "yes" if result["passes"] else "**no**"
+    agree = "agrees" if result["ok"] == result["good"] else "**disagrees**"
+    ok = "ok" if result["ok"] else f"not ok ({result['failed']})"
     return (
         f"| {posterior} | {label} | {m.z_sd:.3f} ({m.name}) | {s.sd_ratio:.3f} ({s.name}) | {verdict} | "
-        f"{result['diag']} | {result['wall']:.1f} |"
+        f"{ok}: {agree} | {result['diag']} | {result['wall']:.1f} |"
     )
 
 
 HEADER = (
     "| posterior | method | worst \\|Δmean\\|/ref_sd | sd ratio farthest from 1 | < 0.25 everywhere | "
-    "diagnostics | wall (s) |\n|---|---|---|---|---|---|---|"
+    "verdict against quality | diagnostics | wall (s) |\n|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -120,6 +132,12 @@ def _summary(results: dict, methods) -> str:
         passed = [n for n, r in runs.items() if r.get("passes")]
         errors = [n for n, r in runs.items() if "error" in r]
         line = f"- **{label}**: meets |Δmean|/ref_sd < 0.25 on {len(passed)} of {len(runs)} posteriors"
+        judged = [r for r in runs.values() if "error" not in r]
+        agree = sum(r["ok"] == r["good"] for r in judged)
+        false_ok = [n for n, r in runs.items() if "error" not in r and r["ok"] and not r["good"]]
+        line += f"; its verdict agrees with quality on {agree} of {len(judged)}"
+        if false_ok:
+            line += " (ok on a bad answer: " + ", ".join(f"`{n}`" for n in false_ok) + ")"
         if errors:
             line += f"; failed to run on {', '.join(f'`{n}`' for n in errors)}"
         if label != "nuts":

@@ -319,7 +319,92 @@ def _density_checks(posterior, found: _Findings):
             f"PSIS k-hat {_apart(record.khat, record.khat_threshold)}: the approximation q misses the posterior's "
             f"tails — do not trust its uncertainty; {_next_step(posterior, 'fit')}",
         )
+    _dispersion_check(posterior, found, degenerate)
+    if not degenerate and np.isfinite(record.khat) and record.khat <= record.khat_threshold:
+        _moment_check(posterior, found, log_ratios)
     return log_ratios
+
+
+MOMENT_SHIFT = 0.5  # the largest |posterior mean − q's mean| allowed, in posterior sds
+SD_RATIO = (0.8, 1.25)  # the range q's sd may take, as a multiple of the posterior's
+MOMENT_SES = 3.0  # each bound is widened by this many Monte Carlo standard errors of its estimate
+
+
+def _moment_check(posterior, found: _Findings, log_ratios) -> None:
+    """q's means and sds against the posterior's, estimated from q's own draws by Pareto-smoothed
+    importance sampling — reliable exactly when k-hat passes (Yao et al. 2018). A q whose tails are
+    fine can still be shifted or too narrow (a Laplace approximation of a skewed noise scale); the
+    moments say so. Each coordinate's bound is widened by ``MOMENT_SES`` standard errors of the
+    importance-sampling estimate (√Σw² in sds), so that hundreds of coordinates do not fail by chance."""
+    from ppl.diagnostics._arviz import psis
+
+    smoothed, _ = psis(log_ratios)
+    weights = np.exp(smoothed - np.logaddexp.reduce(smoothed))
+    values = _constrained_columns(posterior)
+    if values is None or values.shape[0] != weights.shape[0]:
+        return
+    mean_q, sd_q = values.mean(axis=0), values.std(axis=0)
+    mean_p = weights @ values
+    sd_p = np.sqrt(np.maximum(weights @ np.square(values - mean_p), 0.0))
+    spread = sd_p > 1e-12 * np.maximum(np.abs(mean_p), 1.0)
+    if not spread.any():
+        return
+    se = float(np.sqrt(np.sum(np.square(weights))))  # the weighted mean's SE, in sds
+    shift = np.abs(mean_p - mean_q)[spread] / sd_p[spread]
+    ratio = sd_q[spread] / sd_p[spread]
+    record = found.record
+    worst = int(np.argmax(shift))
+    record.psis_mean_shift = float(shift[worst])
+    found.check(
+        "psis_mean_shift", float(shift[worst]), MOMENT_SHIFT + MOMENT_SES * se, shift[worst] <= MOMENT_SHIFT + MOMENT_SES * se,
+        f"q's mean sits {shift[worst]:.2f} posterior sds from the posterior's (estimated from q's draws by PSIS, "
+        f"allowed {MOMENT_SHIFT} + {MOMENT_SES:g} × {se:.2f} for its error): q is shifted off the posterior — "
+        f"{_next_step(posterior, 'fit')}",
+    )
+    farthest = int(np.argmax(np.abs(np.log(ratio))))
+    low, high = SD_RATIO[0] * np.exp(-MOMENT_SES * se), SD_RATIO[1] * np.exp(MOMENT_SES * se)
+    record.psis_sd_ratio = float(ratio[farthest])
+    found.check(
+        "psis_sd_ratio", float(ratio[farthest]), float(low if ratio[farthest] < 1 else high),
+        low <= ratio[farthest] <= high,
+        f"q's sd is {ratio[farthest]:.2f}× the posterior's in one coordinate (estimated from q's draws by PSIS; "
+        f"allowed {low:.2f}–{high:.2f}): q's spread is {'too narrow' if ratio[farthest] < 1 else 'too wide'} — "
+        f"{_next_step(posterior, 'fit')}",
+    )
+
+
+def _constrained_columns(posterior) -> np.ndarray | None:
+    """The latent draws in constrained space as one (S, K) matrix, or None without them."""
+    draws = getattr(posterior, "draws", None) or {}
+    latent = {s.name for s in posterior.problem.sites} if posterior.problem is not None else set(draws)
+    parts = [np.asarray(v, dtype=float).reshape(posterior.num_chains * posterior.num_draws, -1)
+             for name, v in draws.items() if name in latent]
+    return np.concatenate(parts, axis=1) if parts else None
+
+
+def _dispersion_check(posterior, found: _Findings, degenerate: bool) -> None:
+    """q's spread against the curvature at its mean (:mod:`ppl.diagnostics.dispersion`): what
+    k-hat cannot see when q is much narrower than the posterior."""
+    from ppl.diagnostics.dispersion import THRESHOLD, dispersion_min
+
+    evidence = posterior.evidence
+    if evidence is not None and evidence.closed_form:
+        found.note("dispersion_min", "q is the closed-form posterior")
+        return
+    if degenerate or posterior.approximation is None:
+        found.note("dispersion_min", "no Gaussian approximation with a spread to compare")
+        return
+    ratio, why = dispersion_min(posterior.problem, posterior.approximation)
+    if ratio is None:
+        found.note("dispersion_min", why)
+        return
+    found.record.dispersion_min = ratio
+    found.check(
+        "dispersion_min", ratio, THRESHOLD, ratio >= THRESHOLD,
+        f"q's variance is {ratio:.3g} of the variance the curvature at its mean implies in some direction (sd "
+        f"{ratio ** 0.5:.2g}×; allowed down to {THRESHOLD:g}, sd 0.5×): q is too narrow — the correlations it leaves "
+        f"out (mean-field) or its fitted scale shrink it; {_next_step(posterior, 'fit')}",
+    )
 
 
 def _run_checks(posterior, found: _Findings) -> None:

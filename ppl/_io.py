@@ -875,7 +875,7 @@ _NUMBER = (int, float, type(None))
 _DIAGNOSTIC_TYPES = {
     "method": str, "num_chains": int, "num_draws": int, "rhat_max": _NUMBER, "rhat_function_max": _NUMBER,
     "ess_bulk_min": _NUMBER, "ess_tail_min": _NUMBER, "divergences": (int, type(None)),
-    "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER,
+    "tree_depth_hits": (int, type(None)), "ebfmi_min": _NUMBER, "khat": _NUMBER, "khat_threshold": _NUMBER, "dispersion_min": _NUMBER, "psis_mean_shift": _NUMBER, "psis_sd_ratio": _NUMBER,
     "loo_khat_max": _NUMBER, "loo_khat_bad": (int, type(None)), "elpd_loo": _NUMBER, "elpd_loo_se": _NUMBER,
     "elpd_loo_pointwise": (list, type(None)), "elbo": _NUMBER, "iwae": _NUMBER, "log_evidence": _NUMBER,
     "wall_time_s": _NUMBER, "heldout_rows": (int, type(None)), "heldout_ll": _NUMBER, "heldout_baseline_ll": _NUMBER,
@@ -1009,7 +1009,8 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         # runs saved before pointwise LOO values were kept have none
         diagnostics.setdefault("elpd_loo_pointwise", None)
         diagnostics.setdefault("target", None)  # runs saved before replaced models were recorded
-        for field in ("heldout_rows", "heldout_ll", "heldout_baseline_ll", "heldout_coverage_90"):
+        for field in ("heldout_rows", "heldout_ll", "heldout_baseline_ll", "heldout_coverage_90", "dispersion_min",
+                      "psis_mean_shift", "psis_sd_ratio"):
             diagnostics.setdefault(field, None)  # runs saved before the held-out check
         for field, kinds in _DIAGNOSTIC_TYPES.items():
             value = diagnostics.get(field)

@@ -161,6 +161,12 @@ class Diagnostics:
     ebfmi_min: float | None = None
     khat: float | None = None
     khat_threshold: float | None = None
+    # the smallest ratio of q's variance to the curvature's along any direction (diagnostics.dispersion)
+    dispersion_min: float | None = None
+    # q's moments against the posterior's, estimated from q's draws by PSIS: the largest mean shift
+    # (in posterior sds) and the sd ratio farthest from 1 (diagnostics.report._moment_check)
+    psis_mean_shift: float | None = None
+    psis_sd_ratio: float | None = None
     loo_khat_max: float | None = None
     loo_khat_bad: int | None = None  # observations whose Pareto k exceeds 0.7 (elpd_loo unreliable for them)
     elpd_loo: float | None = None
@@ -270,6 +276,9 @@ _CHECK_LABELS = {
     "divergences": ("divergences", None, "d"), "ebfmi_min": ("E-BFMI", "≥", ".2f"), "khat": ("PSIS k-hat", "≤", ".2f"),
     "variance_inflation": ("predicted variance inflation", "≤", ".3g"),
     "status.converged": ("the optimisation converged", None, None),
+    "dispersion_min": ("variance against the curvature's", "≥", ".2f"),
+    "psis_mean_shift": ("PSIS mean shift (sds)", "≤", ".2f"),
+    "psis_sd_ratio": ("PSIS sd ratio", "within", ".2f"),
     "heldout_ll": ("held-out log-likelihood", "≥ baseline", ".3g"),
     "heldout_coverage_90": ("held-out 90% coverage", "within ±", ".2f"),
 }
