@@ -275,12 +275,12 @@ def _density_checks(posterior, found: _Findings):
         }.get(posterior.kind, "a point estimate has no density")
         if posterior.problem is not None and posterior.problem.local_sites:
             reason = "the model has local latents: see ppl.diagnostics.vae_report for per-datum k-hat"
-        found.note(("khat", "khat_threshold"), reason)
+        found.note(("khat", "khat_threshold", *_MOMENT_FIELDS), reason)
         if record.elbo is None:
             found.note(("elbo", "iwae"), reason)
         return None
     if total_draws < MIN_PSIS_DRAWS:
-        found.note(("khat", "khat_threshold"), f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws")
+        found.note(("khat", "khat_threshold", *_MOMENT_FIELDS), f"PSIS needs at least {MIN_PSIS_DRAWS} draws; raise num_draws")
         return log_ratios
     record.khat_threshold = khat_threshold(total_draws)
     degenerate = False
@@ -322,7 +322,16 @@ def _density_checks(posterior, found: _Findings):
     _dispersion_check(posterior, found, degenerate)
     if not degenerate and np.isfinite(record.khat) and record.khat <= record.khat_threshold:
         _moment_check(posterior, found, log_ratios)
+    else:
+        found.note(("psis_mean_shift", "psis_sd_ratio"), (
+            "log p − log q is constant over the draws: q is the posterior, and its moments need no correction"
+            if record.khat == float("-inf")
+            else "k-hat is above its threshold (or not finite): importance sampling cannot correct q's moments"
+        ))
     return log_ratios
+
+
+_MOMENT_FIELDS = ("dispersion_min", "psis_mean_shift", "psis_sd_ratio")
 
 
 MOMENT_SHIFT = 0.5  # the largest |posterior mean − q's mean| allowed, in posterior sds
@@ -342,12 +351,14 @@ def _moment_check(posterior, found: _Findings, log_ratios) -> None:
     weights = np.exp(smoothed - np.logaddexp.reduce(smoothed))
     values = _constrained_columns(posterior)
     if values is None or values.shape[0] != weights.shape[0]:
+        found.note(("psis_mean_shift", "psis_sd_ratio"), "the draws' constrained values are not available")
         return
     mean_q, sd_q = values.mean(axis=0), values.std(axis=0)
     mean_p = weights @ values
     sd_p = np.sqrt(np.maximum(weights @ np.square(values - mean_p), 0.0))
     spread = sd_p > 1e-12 * np.maximum(np.abs(mean_p), 1.0)
     if not spread.any():
+        found.note(("psis_mean_shift", "psis_sd_ratio"), "no coordinate varies over the weighted draws")
         return
     se = float(np.sqrt(np.sum(np.square(weights))))  # the weighted mean's SE, in sds
     shift = np.abs(mean_p - mean_q)[spread] / sd_p[spread]

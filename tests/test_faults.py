@@ -802,7 +802,8 @@ def test_cli_checkpoint_and_resume_equal_an_uninterrupted_run(tmp_path, monkeypa
 # -- 4 and 6. no silent wrong answers --------------------------------------------------------------
 def test_a_collapsed_guide_fails_ok(linear_model, linear_data):
     # One round (max_steps=steps): further rounds, with the cosine restarted, rescue this run.
-    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, learning_rate=10.0, max_steps=5000)
+    post = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, learning_rate=10.0, max_steps=5000,
+                   guide="mean_field")
     assert float(post.approximation.cov.scale.min()) < 1e-15  # collapsed, as reported
     diag = post.diagnostics()
     assert not diag.ok and diag.khat > diag.khat_threshold
@@ -1574,7 +1575,7 @@ def test_a_non_finite_failure_saves_a_partial_that_loads(tmp_path, capsys, monke
     # the saved partial is the last state that builds a usable posterior (here the start).
     monkeypatch.chdir(tmp_path)
     command = ["fit", "--model", "linear", "--data", "linear", "--method", "svi", "--set", "learning_rate=1e30",
-               "--set", "init=prior", "--set", "num_draws=50", "--out", "nf"]
+               "--set", "init=prior", "--set", "num_draws=50", "--set", "guide=mean_field", "--out", "nf"]
     assert main(command) == 1
     err = capsys.readouterr().err
     assert "saved in nf (marked failed)" in err and "non-finite at step" in err
