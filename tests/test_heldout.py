@@ -125,3 +125,17 @@ def test_a_classifier_worse_than_the_class_frequencies_fails():
     assert good.ok and good.heldout_ll > good.heldout_baseline_ll and good.heldout_coverage_90 is None
     bad = post.hold_out(X[100:], 1 - y[100:]).diagnostics()  # the same rows with every label flipped
     assert not bad.ok and [c.field for c in bad.failed] == ["heldout_ll"]
+
+
+def test_ppl_fit_judges_its_run_on_the_test_split_and_show_decides_the_same(tmp_path, capsys, monkeypatch):
+    from ppl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "bnn", "--data", "diabetes", "--method", "map", "--set", "hidden=8", "--out", "r"]) == 0
+    fitted = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")]
+    record = ppl.load(tmp_path / "r").diagnostics()
+    assert record.heldout_rows == len(ppl.datasets.load("diabetes", seed=0).test.X)
+    assert "held-out log-likelihood" in fitted[0]
+    assert main(["show", "r"]) == 0
+    shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")]
+    assert shown == fitted
