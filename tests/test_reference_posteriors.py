@@ -165,3 +165,47 @@ def test_default_full_rank_svi_matches_reference_posterior(posterior):
     for row in rows:
         assert row.z_sd < MEAN_SD_TOL, f"{row.name}: |Δmean|/ref_sd = {row.z_sd:.3f}\n{report}"
         assert abs(row.sd_ratio - 1.0) <= SVI_SD_RATIO_TOL, f"{row.name}: sd ratio {row.sd_ratio:.3f}\n{report}"
+
+
+# The verdict against quality: a run is good when every mean is within half a reference sd and every sd
+# within [0.8, 1.25] of the reference's; ok must say the same. These three runs said ok=True on bad answers:
+# mean-field SVI's sds 0.005×, 0.22× and 0.47× the reference (k-hat 0.29–0.65 could not see it), and Laplace's
+# sigma on mesquite 0.82 sd off (k-hat 0.47). The curvature at q's mean (dispersion_min) and PSIS-corrected
+# moments (psis_mean_shift, psis_sd_ratio) now fail them.
+GOOD_MEAN, GOOD_SD = 0.5, (0.8, 1.25)
+SILENT_CASES = [
+    ("kilpisjarvi_mod-kilpisjarvi", "svi", {"guide": "mean_field"}, "dispersion_min"),
+    ("mesquite-logmesquite", "svi", {"guide": "mean_field"}, "dispersion_min"),
+    ("sblrc-blr", "svi", {"guide": "mean_field"}, "dispersion_min"),
+    ("mesquite-logmesquite", "laplace", {}, "psis_mean_shift"),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("posterior, method, options, check", SILENT_CASES,
+                         ids=[f"{p}-{m}{'-' + o['guide'] if o else ''}" for p, m, o, _ in SILENT_CASES])
+def test_the_verdict_fails_answers_far_from_the_reference(posterior, method, options, check):
+    _skip_without(posterior)
+    case = programs.CASES[posterior]
+    reference = posteriordb.load_reference(posterior)
+    post = ppl.fit(case.model, case.data(), method=method, seed=SEED, **options)
+    rows = posteriordb.compare(case.stan_draws(post.draws, reference), reference)
+    good = all(row.z_sd <= GOOD_MEAN and GOOD_SD[0] <= row.sd_ratio <= GOOD_SD[1] for row in rows)
+    diagnostics = post.diagnostics()
+    assert not good, "\n".join(str(row) for row in rows)
+    assert not diagnostics.ok and check in [c.field for c in diagnostics.failed], diagnostics.warnings
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("posterior", ["kilpisjarvi_mod-kilpisjarvi", "sblrc-blr", "sblri-blr", "earnings-logearn_interaction"])
+def test_svi_at_its_defaults_is_good_and_says_so(posterior):
+    # guide="auto" is full-rank on these small models: the answer is good and the verdict agrees.
+    _skip_without(posterior)
+    case = programs.CASES[posterior]
+    reference = posteriordb.load_reference(posterior)
+    post = ppl.fit(case.model, case.data(), method="svi", seed=SEED)
+    rows = posteriordb.compare(case.stan_draws(post.draws, reference), reference)
+    report = "\n".join(str(row) for row in rows)
+    assert post.info.get("guide", "full_rank") == "full_rank"
+    assert all(row.z_sd <= GOOD_MEAN and GOOD_SD[0] <= row.sd_ratio <= GOOD_SD[1] for row in rows), report
+    assert post.diagnostics().ok, f"{post.diagnostics().warnings}\n{report}"
