@@ -301,7 +301,8 @@ class Laplace(Method):
             )
             status, _, info = _stationarity(problem, result.params, key, start, "L-BFGS", density=True)
             return result.params, status, TrainingTrace(losses=np.asarray(result.losses)), info
-        finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init)
+        finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init,
+                     prior_precision=None)  # the prior was settled above: the target is the model to fit
         found = finder.run(key, problem)
         u = found.approximation.loc
         # An interrupted search (Ctrl-C) is recorded in the status: the diagnostics then fail the result.

@@ -139,3 +139,16 @@ def test_ppl_fit_judges_its_run_on_the_test_split_and_show_decides_the_same(tmp_
     assert main(["show", "r"]) == 0
     shown = [line for line in capsys.readouterr().out.splitlines() if line.startswith("verdict:")]
     assert shown == fitted
+
+
+@pytest.mark.parametrize("method", ["laplace", "swag", "mola", "ensemble"])
+def test_an_explicit_prior_is_fitted_as_given_without_tuning(rows, method):
+    # None keeps the declared prior and a number fits that Gaussian prior: the noise scale stays learned
+    # (a 'sigma' site), and no tuning record appears. (laplace once tuned inside its own MAP search here.)
+    train, _ = rows
+    for precision in (None, 4.0):
+        post = ppl.fit(BNN(hidden=(4,)), train, method=method, seed=0, prior_precision=precision, steps=50,
+                       **({"swag_steps": 40, "collect_every": 10} if method == "swag" else {}),
+                       **({"num_members": 2} if method in ("mola", "ensemble") else {}))
+        assert "sigma" in [s.name for s in post.problem.sites] and "marglik_rounds" not in post.info
+        assert post.problem.model.noise_scale is None
