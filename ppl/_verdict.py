@@ -41,9 +41,30 @@ _LOWER = {  # value ≥ threshold passes (n: chains, for the ESS thresholds per 
     "function_ess_bulk_min": lambda n: THRESHOLDS["ess_per_chain"] * n,
     "function_ess_tail_min": lambda n: THRESHOLDS["ess_per_chain"] * n,
     "ebfmi_min": lambda n: THRESHOLDS["ebfmi"],
+    "dispersion_min": lambda n: _dispersion_threshold(),
 }
 # checks whose value is also a field of the record: the two must agree
-_MIRRORED = ("rhat_max", "rhat_function_max", "divergences", "ebfmi_min", "khat")
+_MIRRORED = ("rhat_max", "rhat_function_max", "divergences", "ebfmi_min", "khat", "dispersion_min", "psis_mean_shift",
+             "psis_sd_ratio")
+
+
+def _dispersion_threshold() -> float:
+    from ppl.diagnostics.dispersion import THRESHOLD
+
+    return THRESHOLD
+
+
+def _moment_bounds(field: str, value: float) -> tuple:
+    """The thresholds a PSIS moment check can have: its base bound widened by at most MOMENT_SES
+    standard errors of √Σw² ≤ 1 (the weights themselves need the model, so the saved threshold is
+    held to that range and the value to the saved threshold)."""
+    from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO
+
+    if field == "psis_mean_shift":
+        return MOMENT_SHIFT, MOMENT_SHIFT + MOMENT_SES
+    if value < 1:
+        return SD_RATIO[0] * math.exp(-MOMENT_SES), SD_RATIO[0]
+    return SD_RATIO[1], SD_RATIO[1] * math.exp(MOMENT_SES)
 
 
 # the chain checks and the record fields that measure_chains computes from the stored draws
@@ -172,6 +193,16 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
                 raise fail(field, f"holds {value!r}, which is not a number to hold to a threshold")
             passed = value <= threshold if field in _UPPER else value >= threshold
             passed = bool(passed) and not math.isnan(value)
+            shown = f"{field} = {value:.4g} against the threshold {threshold:.4g}"
+        elif field in ("psis_mean_shift", "psis_sd_ratio"):
+            threshold = check.threshold
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
+                    or not isinstance(threshold, (int, float)):
+                raise fail(field, f"holds {value!r} against {threshold!r}, which are not numbers to compare")
+            low, high = _moment_bounds(field, value)
+            if not low - 1e-12 <= threshold <= high + 1e-12:
+                raise fail(field, f"has the threshold {threshold!r}, outside the {low:.4g}–{high:.4g} it can take")
+            passed = value >= threshold if field == "psis_sd_ratio" and value < 1 else value <= threshold
             shown = f"{field} = {value:.4g} against the threshold {threshold:.4g}"
         elif field == "num_draws":
             threshold, passed, shown = 4, False, f"only {value} draw(s) per chain: too few to assess convergence"
