@@ -164,7 +164,7 @@ def write_page(path: Path, table: list[str], command: str, total: float, cases, 
     )
     page = f"""# Reference posteriors (posteriordb)
 
-How close ppl's NUTS and SVI get to the gold-standard posteriors of
+How close ppl's NUTS, SVI and Laplace get to the gold-standard posteriors of
 [posteriordb](https://github.com/stan-dev/posteriordb) (BSD-3) on nine models, from a few
 parameters to 26. The reference draws (10 chains × 1000 draws per posterior, R-hat < 1.01,
 lag-1 autocorrelation < 0.05, no divergences, made with Stan) are not shipped with ppl: the tests
@@ -188,6 +188,11 @@ eight schools' `theta = mu + tau · theta_trans` is derived from our draws):
   ppl's loss-convergence check. A small k-hat says that q covers p well enough for importance
   sampling, not that q's own moments are right: a q much wider than p has bounded weights and a
   small k-hat.
+- **verdict against quality** — the run's own verdict (`ok`, or the checks that failed) and whether
+  it agrees with the answer's quality: *good* means every mean within 0.5 reference sd and every
+  sd within [0.8, 1.25] of the reference's. `ok` on a bad answer is the failure the verdict must
+  never make; since the dispersion check (curvature at q's mean) and the PSIS moment checks,
+  mean-field SVI's narrow answers and Laplace's shifted noise scale are no longer called ok.
 - **wall** — seconds for `ppl.fit` plus reading the draws, compilation included, on the machine
   below (a shared 2-core CPU; other jobs were running, so treat the times as rough). A case that
   reuses an executable compiled for an earlier one shows only its run time (`sblrc-blr` after

@@ -125,7 +125,7 @@ def test_cli_split_is_fitted_recorded_and_predicted_on(tmp_path, capsys, monkeyp
 
 
 @needs_data
-@pytest.mark.slow
+@pytest.mark.extended  # 2.5 minutes: beyond CI's time (the synthetic case in test_heldout.py runs by default)
 def test_boston_laplace_at_defaults_generalises_and_the_collapsed_one_is_never_trustworthy():
     # Issue #29's headline: on boston split 1, laplace at its defaults had test log-likelihood −13 970 per
     # row (σ collapsed to the training residual) and said trustworthy. Now the default tunes the prior and
