@@ -10,7 +10,7 @@ from ppl.diagnostics.convergence import max_rhat, min_ess
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 from scipy.special import logsumexp
 
-__all__ = ["compute_diagnostics", "to_inference_data"]
+__all__ = ["compute_diagnostics", "to_inference_data", "convergence_shortfall"]
 
 MIN_PSIS_DRAWS = 20
 IWAE_K = 100  # importance samples per IWAE estimate in Diagnostics.iwae
@@ -101,6 +101,24 @@ def compute_diagnostics(posterior) -> Diagnostics:
     return record
 
 
+# The checks more draws from the same chains can cure (a sampler extends its run while one fails).
+MIXING_FIELDS = ("rhat_max", "rhat_function_max", "ess_bulk_min", "ess_tail_min", "function_ess_bulk_min",
+                 "function_ess_tail_min")
+
+
+def convergence_shortfall(posterior) -> list:
+    """The Markov-chain checks (:class:`ppl.Check`) of ``posterior`` that fail and that more draws
+    could cure (R-hat, bulk and tail ESS, in function space where that decides): the question a
+    sampler asks before extending its run. Empty when they pass, or when the draws are broken."""
+    if posterior.kind != "chains" or _nonfinite_draws(posterior):
+        return []
+    record = Diagnostics(method=posterior.method, num_chains=posterior.num_chains, num_draws=posterior.num_draws,
+                         wall_time_s=posterior.wall_time_s, target=None)
+    found = _Findings(record)
+    _chain_checks(posterior, found, 0)
+    return [c for c in record.checks if not c.passed and c.field in MIXING_FIELDS]
+
+
 def _target(provenance: dict) -> str | None:
     """Which posterior the run is, when an option replaced part of the declared model (None: the
     declared model's)."""
@@ -124,12 +142,32 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
             f"only {posterior.num_draws} draw(s) per chain: too few to assess convergence — raise num_samples",
         )
         return
+    info = posterior.info or {}
+    if isinstance(info.get("extension_stop"), str) and info["extension_stop"] != "off":
+        rounds = info.get("extension_rounds")
+        found.note("num_draws", (
+            f"the run extended itself to {rounds} × num_samples draws per chain ({info['extension_stop']}; "
+            f"time_budget {info.get('time_budget_s')} s)" if isinstance(rounds, int) and rounds > 1 else
+            f"num_samples draws per chain; the run would have extended itself until R-hat and ESS passed "
+            f"({info['extension_stop']}; time_budget {info.get('time_budget_s')} s)"
+        ))
     arrays = list(posterior.latent_draws.values())
     multi_chain = posterior.num_chains >= 2
     record.rhat_max = max_rhat(arrays) if multi_chain else None
     record.ess_bulk_min = min_ess(arrays, "bulk")
     record.ess_tail_min = min_ess(arrays, "tail")
     functions = posterior.function_draws()
+    if functions is not None:
+        broken = int(np.sum(~np.all(np.isfinite(np.reshape(functions, (*np.shape(functions)[:2], -1))), axis=-1)))
+        if broken:
+            # finite weights whose outputs overflow: R-hat and ESS would silently skip those outputs
+            found.note(_CHAIN_FIELDS, "not assessed: some draws give non-finite outputs")
+            found.check(
+                "function_draws", broken, 0, False,
+                f"{broken} draw(s) give non-finite {'network outputs' if problem.is_declarative else 'function sites'} "
+                "(their weights grew until the outputs overflowed): the chains diverged — lower step_size, or use nuts",
+            )
+            return
     if functions is not None and multi_chain:
         record.rhat_function_max = max_rhat([functions])
     elif functions is None:

@@ -69,7 +69,7 @@ from numpyro import handlers
 from ppl import _progress
 from ppl._data import validate_program_data
 from ppl._errors import OptionError
-from ppl._fit import fit
+from ppl._fit import fit, method_options as options_of
 from ppl._posterior import as_key
 from ppl.diagnostics import convergence
 
@@ -469,6 +469,7 @@ def sbc(
         num_bins: B, a divisor of L + 1; default :func:`default_num_bins`.
         vsbc_draws: M, the number of draws of q that estimate each VSBC value Pr_q(θⱼ ≤ θ̃ⱼ).
         **method_options: passed to ``ppl.fit`` (e.g. ``num_samples=400``, ``guide="full_rank"``).
+            A sampler runs with ``time_budget=0`` unless given: exactly ``num_samples`` draws per chain.
 
     Returns:
         an :class:`SBCResult`; ``result.passed(alpha)`` is the Bonferroni-corrected verdict.
@@ -510,6 +511,11 @@ def sbc(
     _check_observed_argument(model_fn, observed)
     call_kwargs = {**{name: jnp.asarray(value) for name, value in arrays.items()}, **static, observed: None}
 
+    if "time_budget" in options_of(method):
+        # a sampler takes exactly the draws it is asked for: SBC calibrates the sampler at that
+        # length, and a run that extends until its checks pass would make every simulation's cost
+        # (and number of draws) depend on its data
+        method_options = {"time_budget": 0, **method_options}
     key = as_key(seed)
     y_shape = None
     with _quiet_fits():

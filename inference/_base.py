@@ -62,7 +62,7 @@ class Method:
         if topic == "fit":
             return "try method='nuts' (or a richer approximation)"
         if topic == "mixing":
-            return "raise num_warmup and num_samples (or lower step_size)"
+            return extended_remedy(posterior, "raise num_warmup and num_samples (or lower step_size)")
         if topic == "heldout":
             return (
                 "the fit over-fits its training rows (a noise scale shrunk to the training residual, or a prior too weak "
@@ -72,7 +72,8 @@ class Method:
         return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"
 
     def stored_draws(self) -> int:
-        """How many draws of the flat parameter vector the result will hold (for the memory check)."""
+        """How many draws of the flat parameter vector the result will hold (for the memory check).
+        A sampler that extends its run (``time_budget``) may end with more; see ``_extend``."""
         return 1
 
     def run(self, key, problem):  # pragma: no cover - abstract
@@ -256,3 +257,15 @@ def check_dense_matrix(method: str, what: str, dim: int, itemsize: int, *, copie
             f"{method}: {what} over {dim} parameters needs {size / 2**30:.1f} GiB "
             f"({copies} × {dim}² × {itemsize} bytes; limit {MEMORY_BUDGET_BYTES / 2**30:.0f} GiB); use {alternatives}"
         )
+
+
+def extended_remedy(posterior, advice: str) -> str:
+    """``advice`` for a chain that failed to mix, preceded by how far the run extended itself and
+    why it stopped (see ``ppl.inference._extend``), when it could."""
+    info = getattr(posterior, "info", None) or {}
+    stop = info.get("extension_stop")
+    if not isinstance(stop, str) or stop in ("off", "not needed", "passed"):
+        return advice
+    rounds = info.get("extension_rounds")
+    ran = f"the run extended itself to {rounds} × num_samples draws per chain and " if isinstance(rounds, int) and rounds > 1 else "the run "
+    return f"{ran}stopped on its {stop} — raise time_budget, or {advice}"

@@ -30,9 +30,11 @@ from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
 from ppl.inference import _devices
+from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
 from ppl.inference._base import (
     Method,
     check_choice,
+    extended_remedy,
     check_dense_matrix,
     check_positive,
     check_positive_int,
@@ -175,11 +177,12 @@ class _MCMC(Method):
     dense_mass: bool = False
     init: str = "uniform"
     chain_method: str = "sequential"
+    time_budget: float | None = DEFAULT_TIME_BUDGET
 
     @classmethod
     def remedy(cls, posterior, topic):
         if topic == "mixing":
-            return "raise num_warmup and num_samples, or reparameterise"
+            return extended_remedy(posterior, "raise num_warmup and num_samples, or reparameterise")
         return super().remedy(posterior, topic)
 
     def __post_init__(self):
@@ -191,6 +194,7 @@ class _MCMC(Method):
             raise OptionError(f"{self.name}: target_accept must lie in (0, 1), got {self.target_accept!r}")
         check_choice(self.name, "init", self.init, INITS)
         check_choice(self.name, "chain_method", self.chain_method, CHAIN_METHODS)
+        check_time_budget(self.name, self.time_budget)
 
     def _config(self) -> _ChainConfig:
         raise NotImplementedError
@@ -216,16 +220,21 @@ class _MCMC(Method):
         config = self._config()
         dtype = problem.init_params.dtype
         tuning = (jnp.asarray(self.target_accept, dtype), jnp.asarray(self._trajectory_length(), dtype))
-        total = self.num_warmup + self.num_samples
         chains = list(range(self.num_chains))
         capacity = _chunk_capacity(problem.num_params, np.dtype(dtype).itemsize)
         records = {c: {name: [] for name in STAT_NAMES} for c in chains}
         done = [0] * self.num_chains
+        target = self.num_samples  # draws per chain: num_samples, or a multiple once the run extends
         saved_states: dict = {}
         resume = session.resume_state("mcmc")
+        halved = False
         if resume is not None:
-            done, saved_states = self._restore(resume, records, problem, tuning)
+            done, saved_states, target = self._restore(resume, records, problem, tuning)
+            halved = restored_halving(resume.progress)
+        total = self.num_warmup + target
         session.start_count(sum(done))
+        extension = Extension(self, session, rounds_done=target // self.num_samples, halved=halved)
+        per_round = self.num_chains * self.num_samples * problem.num_params * np.dtype(dtype).itemsize
         devices = _devices.current()
         if self.chain_method == "vectorized":
             groups = [[_Lane(chains, True, _devices.spread_devices(len(chains), devices))]]
@@ -243,59 +252,75 @@ class _MCMC(Method):
         with _progress.task(
             f"{self.name} warmup ({label})",
             per_bar * self.num_warmup,
-            (f"{self.name} sampling ({label})", per_bar * self.num_samples),
+            (f"{self.name} sampling ({label})", per_bar * target),
         ), _interrupt.guard():
             # A resumed run's bars start where the checkpoint stopped (one bar position per lane).
             firsts = [lane.chains[0] for group in groups for lane in group]
             _progress.advance(sum(min(done[c], self.num_warmup) for c in firsts), 0)
             _progress.advance(sum(max(done[c] - self.num_warmup, 0) for c in firsts), 1)
             pace = _interrupt.ChunkPace(capacity, TARGET_CHUNK_S)
-            for group in groups:
-                live = [lane for lane in group if done[lane.chains[0]] < total]
-                for lane in live:
-                    lanes_by_chain.update({c: lane for c in lane.chains})
-                    self._start_lane(lane, key, problem, tuning, config, saved_states)
-                while live and not _interrupt.requested():
-                    steps = pace.next_chunk()
-                    started = time.perf_counter()
-                    active = [min(steps, total - done[lane.chains[0]]) for lane in live]
-                    outputs = []
-                    for lane, n in zip(live, active):
-                        if lane.batched:
-                            outputs.append(_advance_many(config, capacity, problem, lane.state, jnp.asarray(n), *tuning,
-                                                         devices=lane.device))
-                        else:
-                            outputs.append(_advance_one(config, capacity, problem, lane.state, jnp.asarray(n), *tuning))
-                    outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
-                    pace.record(max(active), time.perf_counter() - started)
-                    starts = [done[lane.chains[0]] for lane in live]
-                    try:
-                        for lane, n, (state, stats) in zip(live, active, outputs):
-                            self._collect(lane, n, stats, done, records, problem)
-                    except NonFiniteError as error:
-                        error.partial = self._partial(problem, records, done, lanes_by_chain, saved_states)[0]
-                        if error.partial is not None:
-                            error.partial.status = error.partial.status._replace(failed=str(error))
-                        raise
-                    for lane, (state, _) in zip(live, outputs):
-                        lane.state = state
-                    for start, n in zip(starts, active):
-                        warm = max(0, min(start + n, self.num_warmup) - start)
-                        _progress.advance(warm, 0)
-                        _progress.advance(n - warm, 1)
-                    live = [lane for lane in live if done[lane.chains[0]] < total]
-                    session.maybe_checkpoint(
-                        sum(done), lambda: self._partial(problem, records, done, lanes_by_chain, saved_states)
-                    )
-                if _interrupt.requested():
+            while True:
+                for group in groups:
+                    live = [lane for lane in group if done[lane.chains[0]] < total]
+                    for lane in live:
+                        lanes_by_chain.update({c: lane for c in lane.chains})
+                        if lane.state is None:
+                            self._start_lane(lane, key, problem, tuning, config, saved_states)
+                    while live and not _interrupt.requested():
+                        steps = pace.next_chunk()
+                        started = time.perf_counter()
+                        active = [min(steps, total - done[lane.chains[0]]) for lane in live]
+                        outputs = []
+                        for lane, n in zip(live, active):
+                            if lane.batched:
+                                outputs.append(_advance_many(config, capacity, problem, lane.state, jnp.asarray(n),
+                                                             *tuning, devices=lane.device))
+                            else:
+                                outputs.append(_advance_one(config, capacity, problem, lane.state, jnp.asarray(n),
+                                                            *tuning))
+                        outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
+                        pace.record(max(active), time.perf_counter() - started)
+                        starts = [done[lane.chains[0]] for lane in live]
+                        try:
+                            for lane, n, (state, stats) in zip(live, active, outputs):
+                                self._collect(lane, n, stats, done, records, problem)
+                        except NonFiniteError as error:
+                            error.partial = self._partial(problem, records, done, lanes_by_chain, saved_states,
+                                                          target, extension)[0]
+                            if error.partial is not None:
+                                error.partial.status = error.partial.status._replace(failed=str(error))
+                            raise
+                        for lane, (state, _) in zip(live, outputs):
+                            lane.state = state
+                        for start, n in zip(starts, active):
+                            warm = max(0, min(start + n, self.num_warmup) - start)
+                            _progress.advance(warm, 0)
+                            _progress.advance(n - warm, 1)
+                        live = [lane for lane in live if done[lane.chains[0]] < total]
+                        session.maybe_checkpoint(
+                            sum(done),
+                            lambda: self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension),
+                        )
+                    if _interrupt.requested():
+                        break
+                if _interrupt.requested() or any(d < total for d in done):
                     break
-        posterior, state = self._partial(problem, records, done, lanes_by_chain, saved_states)
+                so_far = self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension)[0]
+                if not extension.more(so_far, per_round):
+                    break
+                # the checks failed for want of draws: every chain continues for another round
+                target += self.num_samples
+                total = self.num_warmup + target
+                extension.begin_round()
+                _progress.extend(per_bar * target, 1)
+        posterior, state = self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension)
         if posterior is None:
             raise Interrupted(
                 f"{self.name}: interrupted during warmup, before the first draw; the state is kept — save it "
                 "with .save(path) and resume with ppl.fit(..., resume=path)",
                 state,
             )
+        posterior.info.update(extension.info())
         if any(d < total for d in done):
             posterior.resume_state = state
         return posterior
@@ -342,7 +367,11 @@ class _MCMC(Method):
 
     def _restore(self, resume, records, problem, tuning):
         progress = resume.progress
-        total = self.num_warmup + self.num_samples
+        target = progress.get("draws_target", self.num_samples)
+        if not (isinstance(target, int) and target >= self.num_samples and target % self.num_samples == 0
+                and (target == self.num_samples or self.time_budget)):
+            raise ResumeError(f"the checkpoint's draw target {target!r} does not fit num_samples={self.num_samples}")
+        total = self.num_warmup + target
         done, started = progress.get("steps_done"), progress.get("state_chains")
 
         def ints(values, low, high):
@@ -385,23 +414,26 @@ class _MCMC(Method):
                 if value is None or value.ndim < 1 or value.shape[0] != kept:
                     raise ResumeError(f"the checkpoint's chain {c} statistics {name!r} do not match its {kept} draws")
                 records[c][name].append(np.asarray(value))
-        return done, states
+        return done, states, target
 
-    def _partial(self, problem, records, done, lanes_by_chain, saved_states):
-        """(Posterior of the draws so far or None, ResumeState to continue from)."""
-        total = self.num_warmup + self.num_samples
+    def _partial(self, problem, records, done, lanes_by_chain, saved_states, target, extension):
+        """(Posterior of the draws so far or None, ResumeState to continue from), in a run that aims
+        at ``target`` draws per chain; the first ``extension.discarded()`` draws of each chain count
+        as warmup once the run extends after a failed R-hat."""
+        total = self.num_warmup + target
         joined = {c: {name: _concat(parts) for name, parts in rec.items()} for c, rec in records.items()}
         counts = [joined[c]["z"].shape[0] if joined[c]["z"] is not None else 0 for c in joined]
         complete = [c for c in joined if done[c] >= total]
         if complete:
-            use, length = complete, self.num_samples
+            use, length = complete, target
         else:
             use = [c for c in joined if counts[c] > 0]
             length = min((counts[c] for c in use), default=0)
         posterior = None
+        first = extension.discarded() if length > extension.discarded() else 0  # an interrupted round keeps what it has
         if use and length > 0:
-            posterior = self._posterior(problem, [{k: v[:length] for k, v in joined[c].items()} for c in use],
-                                        lanes_by_chain, use, saved_states, done)
+            posterior = self._posterior(problem, [{k: v[first:length] for k, v in joined[c].items()} for c in use],
+                                        lanes_by_chain, use, saved_states, done, total)
         states, state_chains = [], []
         # A vectorized run keeps one batched state (under chain 0); a sequential one, one per chain.
         owners = [0] if self.chain_method == "vectorized" else range(self.num_chains)
@@ -418,7 +450,9 @@ class _MCMC(Method):
             for name, value in joined[c].items()
             if value is not None
         }
-        state = ResumeState("mcmc", {"steps_done": list(map(int, done)), "state_chains": state_chains}, leaves, arrays)
+        progress = {"steps_done": list(map(int, done)), "state_chains": state_chains, "draws_target": int(target),
+                    **extension.progress()}
+        state = ResumeState("mcmc", progress, leaves, arrays)
         return posterior, state
 
     def _state_of(self, chain: int, lanes_by_chain: dict, saved_states: dict):
@@ -428,9 +462,8 @@ class _MCMC(Method):
             return lane.state
         return saved_states.get(0 if self.chain_method == "vectorized" else chain)
 
-    def _posterior(self, problem, rows, lanes_by_chain, use, saved_states, done) -> Posterior:
+    def _posterior(self, problem, rows, lanes_by_chain, use, saved_states, done, total) -> Posterior:
         stats = {name: np.stack([r[name] for r in rows]) for name in STAT_NAMES}
-        total = self.num_warmup + self.num_samples
         step_sizes, inverse_masses = [], []
         for c in use:
             adapt = jax.device_get(self._state_of(c, lanes_by_chain, saved_states).adapt_state)

@@ -24,6 +24,7 @@ import numpy as np
 from blackjax.mcmc import random_walk
 
 from ppl._errors import OptionError
+from ppl.inference._base import extended_remedy
 from ppl.inference.sgmcmc import _WhitenedChains
 
 __all__ = ["MH", "MAX_COMFORTABLE"]
@@ -43,7 +44,9 @@ class MH(_WhitenedChains):
     @classmethod
     def remedy(cls, posterior, topic):
         if topic == "mixing":
-            return "a random walk needs many steps per draw: raise num_samples and thinning, or use method='nuts'"
+            return extended_remedy(
+                posterior, "a random walk needs many steps per draw: raise num_samples and thinning, or use method='nuts'"
+            )
         return super().remedy(posterior, topic)
 
     def __post_init__(self):

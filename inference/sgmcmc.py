@@ -8,20 +8,31 @@ exploration stage of ``cyclical_sgld``. Chains run vmapped, in compiled chunks o
 Ctrl-C check between chunks.
 
 Preconditioning and step sizes. Each chain runs in whitened coordinates z, with u = L z fixed for
-the run (a linear change of variables leaves the target intact): L Lᵀ = H⁻¹ for H the curvature
-of −log p̃ averaged over the chains' starting points. For ``ppl.models`` H is the tempered GGN
-plus the prior's precision (positive definite); for plain programs the exact Hessian, its
-eigenvalues floored. With at most ``DENSE_LIMIT`` parameters L is dense (correlations are
-whitened too); beyond that, diagonal. The step ε, when not given, then comes from λ, the largest
-eigenvalue of Lᵀ H L at the starts (power iteration on Hessian-vector products; near 1 when the
-curvature changes little), and r = (N/B)(1 − B/N), the minibatch gradient noise relative to the
-curvature when the per-datum gradients' spread matches the Fisher information (true near the
-mode of a well-specified model). For SGLD the stationary variance along a direction of whitened
-curvature λ is then inflated by about (1 + ελr/2)/(1 − ελ/2) (Mandt, Hoffman & Blei 2017;
-Vollmer, Zygalakis & Teh 2016); the default ε = 0.1/(λ(1 + r)) keeps that below about 1.1 (5% in
-standard deviation). ``info`` records λ, r, ε and that predicted inflation, and the diagnostics
-fail a run whose predicted inflation exceeds 1.25. A ``step_size`` given by the user is ε, in the
-whitened units.
+the sampling phase (a linear change of variables leaves the target intact): L Lᵀ = H⁻¹ for H the
+curvature of −log p̃. For ``ppl.models`` H is the tempered GGN plus the prior's precision
+(positive definite); for plain programs the exact Hessian, its eigenvalues floored. With at most
+``DENSE_LIMIT`` parameters L is dense (correlations are whitened too); beyond that, diagonal. The
+first frame is H averaged over the chains' starting points. The SG-MCMC methods then adapt during
+warmup: after each of the first ``adapt_windows`` of its windows, every chain's frame, step and
+gradient noise are measured again where that chain stands (chains of a network settle in different
+modes, and the curvature at a random start is far from the curvature the chain samples in: on the
+main job's BNN λ fell from about 230 to 3-60, so the step grew by two orders of magnitude).
+
+The step ε, when not given, comes from λ, the largest eigenvalue of Lᵀ H L (the exact Hessian, by
+power iteration on Hessian-vector products; near 1 when the curvature changes little), and r, the
+minibatch gradient noise relative to λ. Before warmup has measured it, r = (N/B)(1 − B/N), which
+holds when the per-datum gradients spread like the Fisher information; warmup measures it (see
+``_row_noise``): on a classifier, rows fitted confidently wrong make it hundreds of times larger.
+For SGLD the stationary variance along a direction of whitened curvature λ is inflated by about
+(1 + ελr/2)/(1 − ελ/2) (Mandt, Hoffman & Blei 2017; Vollmer, Zygalakis & Teh 2016); the default
+ε = 0.1/(λ(1 + r)) keeps that below about 1.05 at the λ warmup measured, and below the diagnostics'
+bound of 1.25 where the posterior is curved up to 4 times more (on the main job's BNN it is curved 3
+times more at some of the draws than where warmup measured it). With ``batch_size=None``
+warmup also chooses the batch: of a small one and the largest affordable, the one that buys more
+step per gradient evaluation (``_SGMCMC._choose_batch``). ``info`` records λ, r and the batch, the
+chain statistics ε and the predicted inflation, and the diagnostics fail a run whose predicted
+inflation exceeds 1.25 (measured again at the chains' mean draws). A ``step_size`` given by the
+user is ε, in the whitened units.
 """
 
 from __future__ import annotations
@@ -45,15 +56,21 @@ from ppl._records import ChainStats, RunStatus
 from ppl.inference import _devices
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._curvature import largest_eigenvalue
+from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
 from ppl.inference.optimize import INITS, minibatch_indices
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSGLD", "Whitening", "whitening", "curvature_scale"]
 
 DEFAULT_BATCH = 64
+SETTLE_WINDOWS = 8  # extra warmup windows at most while the measured curvature keeps outgrowing the step
+SETTLE_TOLERANCE = 1.25  # curvature growth (against the step's) that the settling tolerates
+MAX_AUTO_BATCH = 4096  # the largest minibatch the automatic choice takes (the full data when smaller)
 POWER_ITERATIONS = 30
 DRAWS_PER_CHUNK = 100  # draws per compiled call; Ctrl-C is honoured between calls
 STEP_FACTOR = 0.1  # ε λ (1 + r) for the automatic Langevin step size
 SGHMC_STEP_FACTOR = 0.25  # ε √(λ (1 + r)) for the automatic SGHMC step size
+EXPLORATION_CAP = 1.0  # the largest ε λ (1 + r) at the top of a cyclical SGLD cycle
+NOISE_SHARE = 0.1  # the variance inflation the automatic SGHMC step allows the gradient noise
 
 
 class Whitening(NamedTuple):
@@ -99,6 +116,19 @@ def whitening(problem, starts, key) -> Whitening:
     1e-6 of the largest, so a flat or indefinite direction gets a large but finite scale)."""
     dense = problem.num_params <= DENSE_LIMIT
     H = sum(_curvature_at(problem, u, jax.random.fold_in(key, c), dense) for c, u in enumerate(starts)) / len(starts)
+    return _frame(H, dense)
+
+
+def whitening_each(problem, positions, key) -> Whitening:
+    """One frame per chain, from the curvature at that chain's own position (leading chain axis):
+    chains of a network settle in different modes, whose curvatures differ (relabelled hidden
+    units), so one frame averaged over them fits none of them."""
+    dense = problem.num_params <= DENSE_LIMIT
+    frames = [_frame(_curvature_at(problem, u, jax.random.fold_in(key, c), dense), dense) for c, u in enumerate(positions)]
+    return jax.tree_util.tree_map(lambda *parts: jnp.stack(parts), *frames)
+
+
+def _frame(H, dense: bool) -> Whitening:
     if dense:
         values, vectors = jnp.linalg.eigh(0.5 * (H + H.T))
         values = jnp.maximum(values, 1e-6 * jnp.max(jnp.abs(values)))
@@ -110,13 +140,25 @@ def whitening(problem, starts, key) -> Whitening:
 
 @partial(jax.jit, static_argnames=("iterations",))
 def _top_curvature(problem, u, key, white, iterations: int = POWER_ITERATIONS):
-    """|largest eigenvalue| of Lᵀ (−∇² log p̃) L at u (full batch), by power iteration on HVPs."""
+    """The largest positive eigenvalue of Lᵀ (−∇² log p̃) L at u (full batch), by power iteration
+    on HVPs: the curvature that limits a Langevin step (beyond ε λ = 2 the step overshoots and
+    the chain oscillates outwards). A network's Hessian is indefinite (the layers' weights couple
+    bilinearly, in ± pairs), and plain power iteration finds the eigenvalue of largest magnitude,
+    which may be a negative one that no step size has to respect: then the iteration is run again
+    on the operator shifted by that magnitude, whose top eigenvalue less the shift is the
+    largest positive one."""
     grad = jax.grad(problem.logdensity_fn)
 
     def hvp(v):
         return -white.pull(jax.jvp(grad, (u,), (white.to_u(v),))[1])
 
-    return largest_eigenvalue(hvp, key, u, iterations)
+    magnitude = largest_eigenvalue(hvp, key, u, iterations)
+    shifted = largest_eigenvalue(lambda v: hvp(v) + magnitude * v, jax.random.fold_in(key, 1), u, iterations)
+    positive = shifted - magnitude
+    # when the largest-magnitude eigenvalue is itself positive, the shifted top is 2 × it (up to
+    # the iteration's error): keep the better-converged unshifted value
+    # (floored at a twentieth of the magnitude: a step is never sized for a vanishing curvature)
+    return jnp.where(positive >= 0.9 * magnitude, magnitude, jnp.maximum(positive, 0.05 * magnitude))
 
 
 def curvature_scale(problem, starts, key, white) -> float:
@@ -125,36 +167,134 @@ def curvature_scale(problem, starts, key, white) -> float:
     return max(values)
 
 
-def _gradient(problem, white):
-    """The gradient in z of the Problem's (scaled, tempered) log density on a minibatch of rows."""
+def _curvature_each(problem, positions, key, frames) -> np.ndarray:
+    """λ of each chain at its position, in its own frame (``frames`` with a leading chain axis)."""
+    return np.asarray([
+        float(_top_curvature(problem, u, jax.random.fold_in(key, c), _chain(frames, c)))
+        for c, u in enumerate(positions)
+    ])
+
+
+def _chain(tree, c: int):
+    return jax.tree_util.tree_map(lambda x: x[c], tree)
+
+
+DRIFT_CAP = 10.0  # the most one step's drift may move a whitened coordinate (in posterior sds)
+
+
+def _gradient(problem, white, step=None):
+    """The gradient in z of the Problem's (scaled, tempered) log density on a minibatch of rows.
+
+    With ``step``, each coordinate is capped at DRIFT_CAP / step, so that one step's drift moves
+    no coordinate by more than DRIFT_CAP posterior sds. Within 5 sd of the whitened target's centre
+    the drift of any stable step (ε λ < 2) is below that, so the cap does not bind there (the
+    automatic step's drift is a few hundredths of it); where a network's curvature outgrows the
+    step (its gradients grow faster than linearly with the weights), an uncapped chain oscillates
+    with growing amplitude until its outputs overflow (seen on the main job's BNN), while a capped
+    one moves by a bounded amount and returns. It is the coordinate-wise taming of Brosse, Durmus,
+    Moulines & Sabanis (2019) in its clipping form."""
     def estimate(z, rows):
-        grad = jax.grad(problem.logdensity_fn)(white.to_u(z), None if rows is None else problem.batch(rows))
-        return white.pull(grad)
+        grad = white.pull(jax.grad(problem.logdensity_fn)(white.to_u(z), None if rows is None else problem.batch(rows)))
+        if step is None:
+            return grad
+        bound = DRIFT_CAP / step
+        return jnp.clip(grad, -bound, bound)
 
     return estimate
 
 
-SCATTER_PROBES = 32  # minibatch gradients behind the measured gradient scatter
+NOISE_DRAWS = 4  # draws per chain at which a finished run's gradient noise is measured again
+NOISE_ROWS = 4096  # data rows behind the measured gradient noise (every row of a smaller data set)
 
 
-@partial(jax.jit, static_argnames=("batch",))
-def _gradient_scatter(problem, white, batch, u, key):
-    """The largest variance, over whitened directions, of the minibatch gradient estimate at u
-    (from ``SCATTER_PROBES`` minibatches; the top eigenvalue of their covariance, via the small
-    Gram matrix of the centred estimates)."""
+@partial(jax.jit, static_argnames=("rows",))
+def _row_noise(problem, white, u, key, rows: int):
+    """K, the per-row gradient noise at u: a minibatch of B of the N rows drawn without
+    replacement, each row's log-likelihood gradient weighted by N / (B T), estimates the gradient
+    with covariance K (N − B) / B at most along any direction of z, where
+    K = N² λ_max(S) / ((N − 1) T²) and S is the covariance of the per-row gradients.
+
+    λ_max(S) comes from power iteration on S v = Gᵀ(G v)/n − ḡ (ḡᵀ v), with G v a JVP and Gᵀ r a
+    VJP of the per-row log likelihoods: exact when every row is used (``rows`` ≥ N), otherwise
+    from a random subset of ``rows`` rows (an estimate that errs high). Sampling minibatches
+    instead would need far more draws than parameters: the top eigenvalue of a few dozen draws'
+    covariance measures the variance spread over all directions, not the worst one."""
+    n_data = problem.num_data
+    data = problem.data if rows >= n_data else problem.batch(jax.random.choice(key, n_data, (rows,), replace=False))
+
+    def per_row(z):
+        return problem.pointwise_loglik(white.to_u(z), data)
+
     z = white.to_z(u)
-    grad = _gradient(problem, white)
-    keys = jax.random.split(key, SCATTER_PROBES)
-    estimates = jax.vmap(lambda k: grad(z, _rows(problem, k, batch)))(keys)
-    centred = estimates - jnp.mean(estimates, axis=0, keepdims=True)
-    gram = centred @ centred.T / (SCATTER_PROBES - 1)
-    return jnp.max(jnp.linalg.eigvalsh(gram))
+    values, pull = jax.vjp(per_row, z)
+    n = values.shape[0]
+    mean = pull(jnp.full((n,), 1.0 / n, values.dtype))[0]
+
+    def covariance(v):
+        return pull(jax.jvp(per_row, (z,), (v,))[1])[0] / n - mean * jnp.vdot(mean, v)
+
+    top = largest_eigenvalue(covariance, jax.random.fold_in(key, 1), z, POWER_ITERATIONS)
+    return n_data * n_data * top / (max(n_data - 1, 1) * problem.temperature ** 2)
+
+
+def row_noise(problem, frames, positions, key) -> np.ndarray:
+    """K (see ``_row_noise``) of each chain at its position, in its frame."""
+    rows = min(NOISE_ROWS, problem.num_data)
+    return np.asarray([float(_row_noise(problem, _chain(frames, c), u, jax.random.fold_in(key, c), rows))
+                       for c, u in enumerate(positions)])
+
+
+def minibatch_noise(num_data: int, batch: int | None, row_noise) -> np.ndarray | float:
+    """The minibatch gradient's largest variance, K (N − B) / B (0 for the full batch)."""
+    return 0.0 if batch is None or batch >= num_data else np.asarray(row_noise) * (num_data - batch) / batch
 
 
 def _rows(problem, key, batch_size):
     if batch_size is None:
         return None
     return minibatch_indices(key, problem.num_data, batch_size)
+
+
+class _Tuning(NamedTuple):
+    """What the chains' kernel is built from, fixed for sampling: each chain's frame (leading
+    chain axis), its whitened curvature λ and per-row gradient noise K (None until warmup measured
+    it), and the minibatch size (None: the full batch)."""
+
+    frames: Whitening
+    curvature: np.ndarray
+    row_noise: np.ndarray | None
+    batch: int | None
+
+    def arrays(self) -> dict:
+        return {"frame_L": np.asarray(self.frames.L), "frame_inverse": np.asarray(self.frames.inverse),
+                "curvature": np.asarray(self.curvature, np.float64),
+                "row_noise": np.zeros(0) if self.row_noise is None else np.asarray(self.row_noise, np.float64),
+                "batch": np.asarray(0 if self.batch is None else self.batch, np.int64)}
+
+    @staticmethod
+    def restore(arrays: dict, template: "_Tuning", problem) -> "_Tuning":
+        """The tuning a checkpoint holds, each array checked against this run's shapes."""
+        chains = template.curvature.shape[0]
+        got = {name: np.asarray(arrays.get(name, np.zeros(0))) for name in template.arrays()}
+
+        def fail(name, wanted):
+            raise ResumeError(
+                f"the checkpoint's {name} (shape {list(got[name].shape)}) is not {wanted} for this run's {chains} "
+                "chains; it was written by another version or with other options — start afresh without resume"
+            )
+
+        for name, shape in (("frame_L", template.frames.L.shape), ("frame_inverse", template.frames.inverse.shape),
+                            ("curvature", (chains,))):
+            if got[name].shape != shape or not np.all(np.isfinite(got[name])):
+                fail(name, f"finite and of shape {list(shape)}")
+        if got["row_noise"].shape not in ((0,), (chains,)) or not np.all(np.isfinite(got["row_noise"])):
+            fail("row_noise", "empty or one finite value per chain")
+        batch = got["batch"]
+        if batch.shape != () or not 0 <= int(batch) <= (problem.num_data or 0):
+            fail("batch", "a batch size no larger than the data")
+        dtype = template.frames.L.dtype
+        return _Tuning(Whitening(jnp.asarray(got["frame_L"], dtype), jnp.asarray(got["frame_inverse"], dtype)),
+                       got["curvature"], got["row_noise"] if got["row_noise"].size else None, int(batch) or None)
 
 
 @dataclass(frozen=True)
@@ -164,12 +304,15 @@ class _WhitenedChains(Method):
     ``_transition`` (one warmup step) and ``_draw`` (the steps behind one stored draw)."""
 
     kind: ClassVar[str] = "chains"
+    # warmup windows after each of which every chain's frame and step are re-measured where it stands
+    adapt_windows: ClassVar[int] = 0
 
     num_warmup: int = 1000
     num_samples: int = 1000
     num_chains: int = 4
     thinning: int = 5
     init: str = "uniform"
+    time_budget: float | None = DEFAULT_TIME_BUDGET
 
     def __post_init__(self):
         super().__post_init__()
@@ -177,6 +320,7 @@ class _WhitenedChains(Method):
         for option in ("num_samples", "num_chains", "thinning"):
             check_positive_int(self.name, option, getattr(self, option))
         check_choice(self.name, "init", self.init, INITS)
+        check_time_budget(self.name, self.time_budget)
 
     def stored_draws(self) -> int:
         return self.num_chains * self.num_samples
@@ -193,6 +337,10 @@ class _WhitenedChains(Method):
     def _init_extra(self, problem, white, z):
         return ()
 
+    def _warm_transition(self, problem, white, batch, state, key, step, index):
+        """One warmup step (the sampling kernel's own step unless a subclass says otherwise)."""
+        return self._transition(problem, white, batch, state, key, step, index)
+
     def _record(self, chain_stats: ChainStats, state, draws_done: int) -> tuple[ChainStats, dict]:
         """The chain statistics and ``info`` entries completed from the final state, after
         ``draws_done`` stored draws."""
@@ -204,91 +352,210 @@ class _WhitenedChains(Method):
         start_key, curve_key, run_key = jax.random.split(key, 3)
         dtype = problem.init_params.dtype
         starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), self.init) for c in range(self.num_chains)])
-        batch = self._batch(problem)
-        noise = 0.0 if batch is None else (problem.num_data / batch) * (1.0 - batch / problem.num_data)
-        # the frame, the curvature and the step come from the seed's starts: a resumed run recomputes
-        # them exactly, and the checkpoint holds only the chains' state and their draws
-        white = whitening(problem, starts, curve_key)
-        curvature = curvature_scale(problem, starts, curve_key, white)
-        step = self._step(curvature, noise)
+        # The first frame and curvature come from the seed's starts; warmup may re-measure them per
+        # chain (adapt_windows), and a checkpoint holds the adapted ones.
+        shared = whitening(problem, starts, curve_key)
+        frames = jax.tree_util.tree_map(lambda x: jnp.stack([x] * self.num_chains), shared)
+        tune = _Tuning(frames, np.full(self.num_chains, curvature_scale(problem, starts, curve_key, shared)), None,
+                       self._batch(problem))
         plan = self._plan()
-        steps = jnp.asarray(step, dtype)
-        state = _initial(self, problem, white, starts)
+        state = _initial(self, problem, frames, starts)
         # separate streams for warmup and sampling, whatever their lengths
         warm_keys, keys = (jax.random.split(k, self.num_chains) for k in jax.random.split(run_key))
-        draws, done = self._resumed(session, problem, state)
-        if session.resume is not None:
+        draws, done, target, halved = [], 0, self.num_samples, False
+        if session.resume_state("chains") is not None:
+            draws, done, target, tune = self._resumed(session.resume, problem, tune)
+            halved = restored_halving(session.resume.progress)
             state = restore_tree(state, session.resume.leaves, "chain state")
         session.start_count(done)
+        devices = _devices.spread_devices(self.num_chains)
+        extension = Extension(self, session, rounds_done=target // self.num_samples, halved=halved)
 
         def state_now():
             leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(state))]
             stored = np.concatenate(draws, axis=1) if draws else np.zeros((self.num_chains, 0, problem.num_params), dtype)
-            return session.stamp(ResumeState("chains", {"draws_done": done}, leaves, {"draws": stored}))
+            progress = {"draws_done": done, "draws_target": target, **extension.progress()}
+            return session.stamp(ResumeState("chains", progress, leaves, {"draws": stored, **tune.arrays()}))
 
-        def result_now():
+        def result_now(remeasure: bool = True):
+            # a partial result (a checkpoint mid-run, or the mixing checks between rounds) skips
+            # re-measuring curvature and noise at the draws: only a finished run's verdict uses them
             flat = jnp.concatenate([jnp.asarray(d) for d in draws], axis=1)
-            return self._posterior(problem, white, batch, curvature, noise, step, plan, run_key, flat, state, done)
+            if flat.shape[1] > extension.discarded():  # an interrupted round keeps what it has
+                flat = flat[:, extension.discarded():]
+            posterior = self._posterior(problem, tune, plan, run_key, flat, state, done, target,
+                                        remeasure=remeasure and done >= target)
+            posterior.info.update(extension.info())
+            return posterior
 
         label = f"{self.name} ({self.num_chains} chains)"
-        devices = _devices.spread_devices(self.num_chains)
         with _progress.task(label, plan["warmup_calls"] + self.num_samples), _interrupt.guard():
             if plan["warmup_calls"] and session.resume is None:
-                state = _warm(self, problem, white, batch, state, warm_keys, steps, plan["warmup_calls"], devices=devices)
-                _check_finite(self, state[0], "warmup", 0)
-            _progress.advance(plan["warmup_calls"] + done)
-            while done < self.num_samples and not _interrupt.requested():
-                # full chunks share one compiled program; a shorter last chunk compiles once more, so
-                # the chains never step past the draws they store
-                count = min(DRAWS_PER_CHUNK, self.num_samples - done)
-                state, chunk = _sample(self, problem, white, batch, state, keys, steps, jnp.asarray(done), count,
-                                       devices=devices)
-                _check_finite(self, chunk, "sampling", done, partial=draws, problem=problem)
-                draws.append(chunk)
-                done += count
-                _progress.advance(count)
-                session.maybe_checkpoint(done, lambda: (result_now(), state_now()))
+                offset = 0
+                windows = self._windows(plan["warmup_calls"])
+                for window, length in enumerate(windows):
+                    steps = jnp.asarray(self._steps(problem, tune), dtype)
+                    state = _warm(self, problem, tune.frames, tune.batch, state, warm_keys, steps, jnp.asarray(offset),
+                                  length, devices=devices)
+                    _check_finite(self, state[0], "warmup", 0)
+                    offset += length
+                    _progress.advance(length)
+                    if window < self.adapt_windows:
+                        state, tune = self._adapt(problem, tune, state, jax.random.fold_in(curve_key, 1 + window))
+                    elif self.adapt_windows and window == len(windows) - 1:
+                        # settle: while the chains find the posterior curved more where they now stand
+                        # than the step was sized for, shrink the step and warm up one window more
+                        for extra in range(SETTLE_WINDOWS):
+                            positions = jax.vmap(lambda f, x: f.to_u(x))(tune.frames, state[0])
+                            now = _curvature_each(problem, positions, jax.random.fold_in(curve_key, 100 + extra),
+                                                  tune.frames)
+                            if np.max(now) <= SETTLE_TOLERANCE * np.max(tune.curvature):
+                                break
+                            tune = tune._replace(curvature=np.maximum(tune.curvature, now))
+                            _progress.extend(plan["warmup_calls"] + length * (extra + 1) + self.num_samples)
+                            state = _warm(self, problem, tune.frames, tune.batch, state, warm_keys,
+                                          jnp.asarray(self._steps(problem, tune), dtype), jnp.asarray(offset), length,
+                                          devices=devices)
+                            _check_finite(self, state[0], "warmup", 0)
+                            offset += length
+                            _progress.advance(length)
+            else:
+                _progress.advance(plan["warmup_calls"])
+            if done:
+                _progress.advance(done)
+            steps = jnp.asarray(self._steps(problem, tune), dtype)
+            per_round = self.num_chains * self.num_samples * problem.num_params * np.dtype(dtype).itemsize
+            while True:
+                while done < target and not _interrupt.requested():
+                    # full chunks share one compiled program; a shorter last chunk compiles once more,
+                    # so the chains never step past the draws they store
+                    count = min(DRAWS_PER_CHUNK, target - done)
+                    state, chunk = _sample(self, problem, tune.frames, tune.batch, state, keys, steps,
+                                           jnp.asarray(done), count, devices=devices)
+                    _check_finite(self, chunk, "sampling", done, partial=draws, problem=problem)
+                    draws.append(chunk)
+                    done += count
+                    _progress.advance(count)
+                    session.maybe_checkpoint(done, lambda: (result_now(), state_now()))
+                if done < target or not extension.more(result_now(remeasure=False), per_round):
+                    break
+                # the checks failed for want of draws: the same chains continue for another round
+                target += self.num_samples
+                extension.begin_round()
+                _progress.extend(plan["warmup_calls"] + target)
         if not draws:
             raise Interrupted(f"{self.name}: interrupted before the first draw (after warmup)", state_now())
         posterior = result_now()
-        if done < self.num_samples:
+        if done < target:
             posterior.resume_state = state_now()
         return posterior
 
-    def _resumed(self, session, problem, state) -> tuple:
-        """(stored draws, draws done) of the state to resume from, checked against this run."""
-        resume = session.resume_state("chains")
-        if resume is None:
-            return [], 0
+    def _noise(self, problem, tune) -> np.ndarray:
+        """Each chain's minibatch gradient noise relative to its curvature, r = v / λ: measured
+        (``row_noise``) once warmup has measured it, before that predicted as (N/B)(1 − B/N), which
+        holds when the per-row gradients scatter like the Fisher information."""
+        if tune.batch is None:
+            return np.zeros(self.num_chains)
+        if tune.row_noise is None:
+            n = problem.num_data
+            return np.full(self.num_chains, (n / tune.batch) * (1.0 - tune.batch / n))
+        return minibatch_noise(problem.num_data, tune.batch, tune.row_noise) / tune.curvature
+
+    def _steps(self, problem, tune) -> np.ndarray:
+        """One step for every chain: the smallest of the steps their own curvature and noise ask for.
+        Each chain's λ is measured at one point, and the curvature of a network's posterior varies
+        several-fold from place to place (3 to 60 on the main job's BNN); a chain that drew a
+        low-curvature spot and stepped by it alone later diverged where the curvature was higher."""
+        own = [self._step(float(c), float(r)) for c, r in zip(tune.curvature, self._noise(problem, tune))]
+        return np.full(self.num_chains, min(own))
+
+    def _windows(self, calls: int) -> list:
+        """Lengths of the warmup windows: with ``adapt_windows`` = K, K windows each followed by a
+        re-measured frame and step, then two more under the final ones (the chains settle into the
+        kernel they will sample with). Equal lengths share one compiled program."""
+        if not self.adapt_windows or calls < self.adapt_windows + 2:
+            return [calls]
+        count = self.adapt_windows + 2
+        length = calls // count
+        return [length] * (count - 1) + [calls - length * (count - 1)]
+
+    def _adapt(self, problem, tune, state, key):
+        """Each chain's frame, curvature and gradient noise re-measured at its current position
+        (and the batch size chosen, when it is automatic); the chains' coordinates carried into the
+        new frames (the positions u do not move)."""
+        z, extra = state
+        positions = jax.vmap(lambda f, x: f.to_u(x))(tune.frames, z)
+        frames = whitening_each(problem, positions, key)
+        curvature = _curvature_each(problem, positions, key, frames)
+        noise = None if tune.batch is None else row_noise(problem, frames, positions, jax.random.fold_in(key, 3))
+        if not (np.all(np.isfinite(curvature)) and (noise is None or np.all(np.isfinite(noise)))):
+            raise NonFiniteError(
+                f"{self.name}: the curvature or gradient noise at the chains' warmup positions is not finite — the "
+                "step size is too large for this posterior; lower step_size (or leave it None for the automatic choice)",
+                step=0, last_finite_params=None,
+            )
+        if noise is not None and tune.row_noise is not None:
+            # the largest seen so far: the noise varies from place to place as much as the curvature
+            # (measured 1.3 at a window's end and 70 at the same chains' mean draws on the main job)
+            noise = np.maximum(noise, tune.row_noise)
+        batch = tune.batch if noise is None else self._choose_batch(problem, tune.batch, curvature, noise)
+        moved = (jax.vmap(lambda f, u: f.to_z(u))(frames, positions), extra)
+        return moved, _Tuning(frames, curvature, noise, batch)
+
+    def _choose_batch(self, problem, batch, curvature, noise):
+        return batch
+
+    def _resumed(self, resume, problem, tune) -> tuple:
+        """(stored draws, draws done, draws targeted, tuning) of the state to resume from, checked
+        against this run (the target is num_samples, or a multiple of it in an extended run)."""
         done = resume.progress.get("draws_done")
+        target = resume.progress.get("draws_target", self.num_samples)
         stored = np.asarray(resume.arrays.get("draws", np.zeros(0)))
         expected = (self.num_chains, done, problem.num_params)
-        if not (isinstance(done, int) and 0 <= done <= self.num_samples) or stored.shape != expected:
+        fits = (isinstance(target, int) and target >= self.num_samples and target % self.num_samples == 0
+                and (target == self.num_samples or self.time_budget))
+        if not (fits and isinstance(done, int) and 0 <= done <= target) or stored.shape != expected:
             raise ResumeError(
-                f"the checkpoint's progress ({done!r} draws, stored draws of shape {list(stored.shape)}) does not fit "
-                f"a run of {self.num_chains} chains × {self.num_samples} draws; resume with the options that wrote it, "
-                "or start afresh"
+                f"the checkpoint's progress ({done!r} of {target!r} draws, stored draws of shape {list(stored.shape)}) "
+                f"does not fit a run of {self.num_chains} chains × {self.num_samples} draws; resume with the options "
+                "that wrote it, or start afresh"
             )
-        return ([stored.astype(problem.init_params.dtype)] if done else []), done
+        draws = [stored.astype(problem.init_params.dtype)] if done else []
+        return draws, done, target, _Tuning.restore(resume.arrays, tune, problem)
 
-    def _posterior(self, problem, white, batch, curvature, noise, step, plan, run_key, flat, state, done) -> Posterior:
-        info = {"curvature": curvature, "gradient_noise": noise, "batch_size": batch}
-        sampling_step = step if plan.get("sampling_step") is None else plan["sampling_step"](step)
-        inflation = self._inflation(sampling_step, curvature, noise)
-        if inflation is not None and batch is not None:
-            # The prediction assumes the minibatch gradients scatter like the Fisher information; an
-            # outlier or a misspecified model makes them scatter far more. Measure their scatter at the
-            # draws' mean and take the worse of the two.
-            measured = float(_gradient_scatter(problem, white, batch, jnp.mean(flat.reshape(-1, flat.shape[-1]), axis=0),
-                                               jax.random.fold_in(run_key, 7)))
-            info["gradient_scatter"] = measured
-            inflation = max(inflation, self._inflation(sampling_step, curvature, measured / max(curvature, 1e-300)))
-        chain_stats = ChainStats(step_size=np.full(self.num_chains, step), variance_inflation=inflation)
+    def _posterior(self, problem, tune, plan, run_key, flat, state, done, target, remeasure: bool) -> Posterior:
+        noise = self._noise(problem, tune)
+        steps = self._steps(problem, tune)
+        info = {"curvature": float(np.max(tune.curvature)), "gradient_noise": float(np.max(noise)),
+                "batch_size": tune.batch}
+        sampling = steps if plan.get("sampling_step") is None else plan["sampling_step"](steps)
+        curvature = tune.curvature
+        if remeasure and self._inflation(1.0, 1.0, 0.0) is not None:
+            # Warmup measured λ and the gradient noise where the chains stood then; a network's
+            # posterior is curved several times more in some places than in others, and an outlier
+            # makes the gradients scatter far more than the Fisher information predicts. Measure both
+            # again at a few of each chain's draws, in its frame, and judge the step by the worse:
+            # the largest λ, and the mean noise. (Not at the chain's mean draw: a network's mean
+            # weights are no typical point of its posterior.)
+            picks = np.unique(np.linspace(0, flat.shape[1] - 1, NOISE_DRAWS).astype(int))
+            at_draws = np.max([_curvature_each(problem, flat[:, i], jax.random.fold_in(run_key, 7 + int(i)), tune.frames)
+                               for i in picks], axis=0)
+            info["curvature_at_draws"] = float(np.max(at_draws))
+            curvature = np.maximum(curvature, at_draws)
+            if tune.batch is not None and tune.batch < problem.num_data:
+                per_draw = [row_noise(problem, tune.frames, flat[:, i], jax.random.fold_in(run_key, 7 + int(i)))
+                            for i in picks]
+                measured = minibatch_noise(problem.num_data, tune.batch, np.mean(per_draw, axis=0))
+                info["gradient_noise_measured"] = float(np.max(measured / curvature))
+                noise = np.maximum(noise, measured / curvature)
+        inflations = [self._inflation(float(e), float(c), float(r)) for e, c, r in zip(sampling, curvature, noise)]
+        inflation = None if inflations[0] is None else max(inflations)
+        chain_stats = ChainStats(step_size=np.asarray(steps, dtype=float), variance_inflation=inflation)
         chain_stats, extra = self._record(chain_stats, state, done)
         info.update(extra)
         return Posterior(
             method=self.name, kind=self.kind, problem=problem, flat_draws=flat,
-            status=RunStatus(interrupted=done < self.num_samples, steps_done=done), chain_stats=chain_stats, info=info,
+            status=RunStatus(interrupted=done < target, steps_done=done), chain_stats=chain_stats, info=info,
         )
 
     def _plan(self) -> dict:
@@ -298,6 +565,8 @@ class _WhitenedChains(Method):
 @dataclass(frozen=True)
 class _SGMCMC(_WhitenedChains):
     """Minibatch gradient chains: a step size (whitened units, None chooses it) and a batch size."""
+
+    adapt_windows: ClassVar[int] = 3
 
     step_size: float | None = None
     batch_size: int | None = None
@@ -315,10 +584,37 @@ class _SGMCMC(_WhitenedChains):
     def _batch(self, problem):
         if not problem.is_declarative:
             return None
-        return self.batch_size if self.batch_size is not None else min(DEFAULT_BATCH, problem.num_data)
+        if self.batch_size is not None:
+            return self.batch_size
+        n = problem.num_data
+        return n if n <= MAX_AUTO_BATCH else DEFAULT_BATCH
 
     def _step(self, curvature: float, noise: float) -> float:
         return float(self.step_size) if self.step_size is not None else self._auto_step(curvature, noise)
+
+    def _choose_batch(self, problem, batch, curvature, noise):
+        """With ``batch_size=None``: every row when there are at most ``MAX_AUTO_BATCH`` (such a step
+        costs little more than a small batch's, and has no gradient noise: on the main job's BNN
+        the noise warmup measured was 6 times the curvature, but 250 times at the draws the chains
+        went on to take). On more rows, of a small batch and the largest affordable one, the one that
+        buys more step per gradient evaluation, B / ε(B), with ε(B) the automatic step (the smallest
+        over the chains) under that batch's gradient noise v(B) = K (N − B)/B. For SGLD,
+        ε ≈ c / (λ + v(B)), so the cost B (λ + v(B)) / c = (λ B + K (N − B)) / c is linear in B and
+        the larger batch wins when the per-row noise K exceeds the curvature λ — on small data
+        sets, and wherever some rows are fitted confidently wrong, the usual case: there a small
+        batch could only be made faithful with a step far too small to mix."""
+        if self.batch_size is not None:
+            return batch
+        n = problem.num_data
+        if n <= MAX_AUTO_BATCH:
+            return n
+
+        def cost(b):
+            relative = np.asarray(minibatch_noise(n, b, noise)) / curvature
+            return b / min(self._auto_step(float(c), float(r)) for c, r in zip(curvature, np.broadcast_to(relative, curvature.shape)))
+
+        small, large = min(DEFAULT_BATCH, n), min(n, MAX_AUTO_BATCH)
+        return large if cost(large) <= cost(small) else small
 
     def _auto_step(self, curvature: float, noise: float) -> float:
         return STEP_FACTOR / (curvature * (1.0 + noise))
@@ -348,41 +644,45 @@ def _check_finite(method, values, phase, done, partial=None, problem=None):
 
 
 @partial(jax.jit, static_argnames=("method",))
-def _initial(method, problem, white, starts):
-    """The chains' starting states: z = L⁻¹ u and the method's extra state, compiled once."""
-    zs = jax.vmap(white.to_z)(starts)
-    return zs, jax.vmap(lambda z: method._init_extra(problem, white, z))(zs)
+def _initial(method, problem, frames, starts):
+    """The chains' starting states: z = L⁻¹ u in each chain's frame and the method's extra state,
+    compiled once."""
+    zs = jax.vmap(lambda f, u: f.to_z(u))(frames, starts)
+    return zs, jax.vmap(lambda f, z: method._init_extra(problem, f, z))(frames, zs)
 
 
 @partial(jax.jit, static_argnames=("method", "batch", "calls", "devices"))
-def _warm(method, problem, white, batch, state, keys, step, calls: int, devices=None):
-    def chains(state, keys, problem, white, step):
-        def chain(state, key):
+def _warm(method, problem, frames, batch, state, keys, steps, offset, calls: int, devices=None):
+    """``calls`` warmup transitions per chain, numbered from ``offset`` (keys and schedules do not
+    depend on how warmup is cut into windows)."""
+    def chains(state, keys, frames, steps, problem, offset):
+        def chain(state, key, white, step):
             def body(i, s):
-                return method._transition(problem, white, batch, s, jax.random.fold_in(key, i), step, i)
+                return method._warm_transition(problem, white, batch, s, jax.random.fold_in(key, offset + i), step,
+                                               offset + i)
 
             return jax.lax.fori_loop(0, calls, body, state)
 
-        return jax.vmap(chain)(state, keys)
+        return jax.vmap(chain)(state, keys, frames, steps)
 
-    return _devices.spread(chains, devices, (state, keys), (problem, white, step))
+    return _devices.spread(chains, devices, (state, keys, frames, steps), (problem, offset))
 
 
 @partial(jax.jit, static_argnames=("method", "batch", "count", "devices"))
-def _sample(method, problem, white, batch, state, keys, step, offset, count: int, devices=None):
-    """``count`` draws per chain, returned in u (the chains run in z), the chains split evenly
-    over ``devices``."""
-    def chains(state, keys, problem, white, step, offset):
-        def chain(state, key):
+def _sample(method, problem, frames, batch, state, keys, steps, offset, count: int, devices=None):
+    """``count`` draws per chain, returned in u (each chain runs in z of its own frame), the
+    chains split evenly over ``devices``."""
+    def chains(state, keys, frames, steps, problem, offset):
+        def chain(state, key, white, step):
             def body(s, d):
                 s = method._draw(problem, white, batch, s, jax.random.fold_in(key, offset + d), step, offset + d)
                 return s, white.to_u(s[0])
 
             return jax.lax.scan(body, state, jnp.arange(count))
 
-        return jax.vmap(chain)(state, keys)
+        return jax.vmap(chain)(state, keys, frames, steps)
 
-    return _devices.spread(chains, devices, (state, keys), (problem, white, step, offset))
+    return _devices.spread(chains, devices, (state, keys, frames, steps), (problem, offset))
 
 
 @dataclass(frozen=True)
@@ -397,7 +697,7 @@ class SGLD(_SGMCMC):
         z, extra = state
         rows_key, noise_key = jax.random.split(key)
         kernel = blackjax.sgmcmc.sgld.build_kernel()
-        return kernel(noise_key, z, _gradient(problem, white), _rows(problem, rows_key, batch), step), extra
+        return kernel(noise_key, z, _gradient(problem, white, step), _rows(problem, rows_key, batch), step), extra
 
     def _draw(self, problem, white, batch, state, key, step, index):
         def body(i, s):
@@ -425,7 +725,11 @@ class SGHMC(_SGMCMC):
     def _auto_step(self, curvature: float, noise: float) -> float:
         # the position moves by ε·p per step, with p of unit scale: ε √λ is the leapfrog-like stability
         # number; 0.25 keeps the Euler scheme's error small while a trajectory of 5 steps moves ~1.25 sd
-        return SGHMC_STEP_FACTOR / math.sqrt(curvature * (1.0 + noise))
+        stable = SGHMC_STEP_FACTOR / math.sqrt(curvature * (1.0 + noise))
+        # and small enough that the gradient noise inflates the variance by at most 1 + NOISE_SHARE
+        # (see _inflation: 1 + ε v / (2 α ε) with α ε = 0.1)
+        faithful = float("inf") if noise <= 0 else NOISE_SHARE * 0.2 / (curvature * noise)
+        return min(stable, faithful)
 
     def _inflation(self, step, curvature, noise):
         # The gradient noise's share only (no closed form for the Euler scheme's own error here): per
@@ -439,7 +743,7 @@ class SGHMC(_SGMCMC):
         alpha = (0.1 / step) if self.friction is None else jnp.asarray(self.friction, step.dtype)
         kernel = blackjax.sgmcmc.sghmc.build_kernel(alpha=alpha)
         rows = _rows(problem, jax.random.fold_in(key, 1), batch)
-        return kernel(key, z, _gradient(problem, white), rows, step, self.thinning), extra
+        return kernel(key, z, _gradient(problem, white, step), rows, step, self.thinning), extra
 
     def _transition(self, problem, white, batch, state, key, step, index):
         return self._draw(problem, white, batch, state, key, step, index)
@@ -453,15 +757,15 @@ class CyclicalSGLD(_SGMCMC):
     """Cyclical SGLD (Zhang, Li, Zhang, Chen & Wilson 2020): ``num_cycles`` cycles of a cosine step
     size from ε₀ down to 0; the first ``exploration`` fraction of each cycle moves without noise
     (optimisation towards a mode), the rest samples, and draws are stored every ``thinning`` steps
-    of each sampling stage (the small-step end of the cycle). ``num_warmup`` is not used: the
-    cycles are the schedule."""
+    of each sampling stage (the small-step end of the cycle). The ``num_warmup`` steps before the
+    cycles are plain SGLD steps at the sampling stage's first step, in which each chain's frame,
+    step and batch are measured as for ``sgld``."""
 
     name: ClassVar[str] = "cyclical_sgld"
     description: ClassVar[str] = "cyclical SGLD: cosine cyclical step size, sampling at the small-step end of each cycle"
 
     num_cycles: int = 4
     exploration: float = 0.8
-    num_warmup: int = 0
 
     def __post_init__(self):
         super().__post_init__()
@@ -482,9 +786,11 @@ class CyclicalSGLD(_SGMCMC):
         return length, length - sampling
 
     def _auto_step(self, curvature: float, noise: float) -> float:
-        # ε₀ such that the step at the start of the sampling stage is the SGLD default
+        # ε₀ such that the step at the start of the sampling stage is the SGLD default, but at most
+        # 1/(λ(1 + r)): the noise-free descent at the top of a cycle diverges beyond ε λ = 2
         length, explore = self._geometry()
-        return super()._auto_step(curvature, noise) / self._shape(explore, length)
+        return min(super()._auto_step(curvature, noise) / self._shape(explore, length),
+                   EXPLORATION_CAP / (curvature * (1.0 + noise)))
 
     @staticmethod
     def _shape(position, length):
@@ -492,7 +798,15 @@ class CyclicalSGLD(_SGMCMC):
 
     def _plan(self) -> dict:
         length, explore = self._geometry()
-        return {"warmup_calls": 0, "sampling_step": lambda step0: step0 * self._shape(explore, length)}
+        return {"warmup_calls": self.num_warmup, "sampling_step": lambda step0: step0 * self._shape(explore, length)}
+
+    def _warm_transition(self, problem, white, batch, state, key, step0, index):
+        z, extra = state
+        length, explore = self._geometry()
+        kernel = blackjax.sgmcmc.sgld.build_kernel()
+        rows_key, noise_key = jax.random.split(key)
+        step = step0 * self._shape(explore, length)
+        return kernel(noise_key, z, _gradient(problem, white, step), _rows(problem, rows_key, batch), step), extra
 
     def _at(self, step0, k):
         length, _ = self._geometry()
@@ -505,8 +819,9 @@ class CyclicalSGLD(_SGMCMC):
         kernel = blackjax.sgmcmc.sgld.build_kernel()
         noise_on = (k % length) >= explore
         temperature = jnp.where(noise_on, 1.0, 0.0).astype(z.dtype)  # switches the injected noise only
-        return kernel(noise_key, z, _gradient(problem, white), _rows(problem, rows_key, batch), self._at(step0, k),
-                      temperature), extra
+        step = self._at(step0, k)
+        return kernel(noise_key, z, _gradient(problem, white, jnp.maximum(step, jnp.finfo(z.dtype).tiny)),
+                      _rows(problem, rows_key, batch), step, temperature), extra
 
     def _draw(self, problem, white, batch, state, key, step0, index):
         # draw d of the run: cycle c = d // per_cycle, position j = d % per_cycle in its sampling stage

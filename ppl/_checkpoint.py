@@ -77,6 +77,9 @@ class Session:
     write: Callable | None = None
     resume: ResumeState | None = None
     tag: dict = field(default_factory=dict)  # progress entries every state of this session carries
+    # posterior -> the failed convergence checks that more draws could cure (None: a sampler never
+    # extends its run); ppl.fit sets it, so that the methods need not know the diagnostics
+    shortfall: Callable | None = None
     _last: int = field(default=0, repr=False)
 
     def resumed_phase(self) -> str | None:
@@ -94,7 +97,7 @@ class Session:
         if write is not None and not partial_results:
             def write(posterior, state, _write=self.write):
                 _write(None, state)
-        return Session(self.checkpoint_every, write, resume, {**self.tag, "phase": name, **note})
+        return Session(self.checkpoint_every, write, resume, {**self.tag, "phase": name, **note}, self.shortfall)
 
     def stamp(self, state: ResumeState) -> ResumeState:
         """``state`` with this session's tag in its progress."""

@@ -118,7 +118,7 @@ def fit(
     method_obj.check(problem)
     print_seed = seed_record(seed)
     fingerprint = _io.fingerprint(problem, method_obj, print_seed)
-    session = Session()
+    session = Session(shortfall=_convergence_shortfall)
     takes_session = "session" in inspect.signature(method_obj.run).parameters
     if not takes_session and (resume is not None or checkpoint_every is not None):
         raise OptionError(f"method {method!r} computes its result in one step: there is nothing to checkpoint or resume")
@@ -167,6 +167,13 @@ def fit(
             stamp(error.partial, time.perf_counter() - start)
         raise
     return stamp(posterior, time.perf_counter() - start)
+
+
+def _convergence_shortfall(posterior) -> list:
+    """What a sampler asks before extending its run (see ``ppl.inference._extend``)."""
+    from ppl.diagnostics.report import convergence_shortfall
+
+    return convergence_shortfall(posterior)
 
 
 VALIDATION_STREAM = 2  # the random stream (split from the seed) that picks the held-out rows
@@ -258,6 +265,15 @@ def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, 
     method_obj = registry.create(method, options)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
     return _io._unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
+
+
+def method_options(method: str) -> tuple[str, ...]:
+    """The option names that the registered ``method`` takes (an unknown name: the registry's error)."""
+    import dataclasses
+
+    from ppl.inference import registry
+
+    return tuple(f.name for f in dataclasses.fields(registry.get(method)))
 
 
 def differences(saved: dict, now: dict) -> list[str]:

@@ -991,10 +991,14 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
                 raise schema.fail(field, "a positive count", meta[field])
         claimed = _layout_of_options(kind, meta["options"])
         finished = status == "complete" and not records["status"].get("interrupted") and not records["status"].get("failed")
-        if finished and claimed is not None and claimed != (meta["num_chains"], meta["num_draws"]):
+        held = (meta["num_chains"], meta["num_draws"])
+        # a sampler that extends its run until its checks pass ends with a multiple of num_samples
+        extended = (kind == "chains" and claimed is not None and bool(meta["options"].get("time_budget"))
+                    and held[0] == claimed[0] and held[1] % claimed[1] == 0)
+        if finished and claimed is not None and claimed != held and not extended:
             raise schema.fail(
-                "num_chains/num_draws", f"{claimed[0]} chain(s) × {claimed[1]} draws, as the run's options ask of a "
-                "finished run", [meta["num_chains"], meta["num_draws"]],
+                "num_chains/num_draws", f"{claimed[0]} chain(s) × {claimed[1]} draws (or a multiple of the draws, when "
+                "time_budget let the run extend), as the run's options ask of a finished run", list(held),
             )
     diagnostics = None
     if snapshot.has(DIAGNOSTICS):

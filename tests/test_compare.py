@@ -185,7 +185,7 @@ def test_cli_comparison_stopped_by_ctrl_c_resumes_from_its_folder(tmp_path, caps
     monkeypatch.setattr("builtins.print", spy)
     command = ["compare", "--model", "linear", "--data", "linear", "--methods", "map,nuts", "--reference", "exact",
                "--set", "nuts.num_warmup=60", "--set", "nuts.num_samples=80", "--set", "nuts.num_chains=2",
-               "--out", "cmp"]
+               "--set", "nuts.time_budget=0", "--out", "cmp"]
     assert main(command) == 130
     err = capsys.readouterr().err
     assert "interrupted while fitting nuts" in err and "ppl compare --resume cmp" in err

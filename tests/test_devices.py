@@ -33,17 +33,18 @@ from ppl.inference import _devices
 # 100 warmup steps it grew the batched-vs-sharded rounding to 1.5e-5 of the draws' scale on this
 # Gaussian (measured; sampling then adds nothing), so the test keeps a 20-step warmup (1e-12
 # measured); hmc goes through the same adaptation with fixed trajectories and stays at 1e-14
-# after 100.
+# after 100. Samplers run with time_budget=0: whether a run extends is decided by its R-hat and
+# ESS, and a rounding-sized difference at a threshold could extend one run and not the other.
 CASES = {
     "svi (minibatch, 8 particles)": ("bnn", "svi", dict(steps=150, batch_size=64), 1e-12),
     "svi (full batch)": ("logistic", "svi", dict(steps=100), 1e-9),
     "map (Adam, minibatch)": ("bnn", "map", dict(optimizer="adam", batch_size=64, steps=100), 1e-12),
     "map (L-BFGS, full batch)": ("logistic", "map", dict(steps=30), 1e-12),
     "swag (minibatch)": ("bnn", "swag", dict(steps=50, swag_steps=100, batch_size=64), 1e-6),
-    "nuts (vectorized chains)": ("linear", "nuts", dict(num_warmup=20, num_samples=100, chain_method="vectorized"), 1e-9),
-    "hmc (vectorized chains)": ("linear", "hmc", dict(num_warmup=100, num_samples=100, chain_method="vectorized"), 1e-9),
-    "nuts (sequential chains)": ("bnn", "nuts", dict(num_warmup=30, num_samples=30), 0.0),
-    "sgld (chains)": ("bnn", "sgld", dict(num_samples=100, batch_size=64), 1e-12),
+    "nuts (vectorized chains)": ("linear", "nuts", dict(num_warmup=20, num_samples=100, chain_method="vectorized", time_budget=0), 1e-9),
+    "hmc (vectorized chains)": ("linear", "hmc", dict(num_warmup=100, num_samples=100, chain_method="vectorized", time_budget=0), 1e-9),
+    "nuts (sequential chains)": ("bnn", "nuts", dict(num_warmup=30, num_samples=30, time_budget=0), 0.0),
+    "sgld (chains)": ("bnn", "sgld", dict(num_samples=100, batch_size=64, time_budget=0), 1e-12),
     "ensemble (members)": ("bnn", "ensemble", dict(num_members=3, steps=30), 0.0),
     "multiswag (members)": ("bnn", "multiswag", dict(num_members=3, steps=30, swag_steps=50, batch_size=64), 1e-6),
 }
@@ -176,9 +177,9 @@ runs = {
     "svi (data-parallel)": (bnn, cancer, "svi", dict(steps=60, batch_size=64)),
     "ensemble (members)": (bnn, cancer, "ensemble", dict(num_members=4, steps=20)),
     "multiswag (members)": (bnn, cancer, "multiswag", dict(num_members=2, steps=20, swag_steps=30, batch_size=64)),
-    "sgld (chains)": (bnn, cancer, "sgld", dict(num_samples=50, batch_size=64)),
-    "nuts (vectorized)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50, chain_method="vectorized")),
-    "nuts (sequential)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50)),
+    "sgld (chains)": (bnn, cancer, "sgld", dict(num_samples=50, batch_size=64, time_budget=0)),
+    "nuts (vectorized)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50, chain_method="vectorized", time_budget=0)),
+    "nuts (sequential)": (LinearRegression(noise_scale=0.5), linear, "nuts", dict(num_warmup=20, num_samples=50, time_budget=0)),
 }
 out = {"devices": len(jax.devices())}
 for name, (model, data, method, options) in runs.items():

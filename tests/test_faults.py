@@ -1330,12 +1330,25 @@ def test_a_delta_guide_that_barely_moved_is_not_converged(linear_model, linear_d
     assert not post.diagnostics().ok
 
 
-def test_one_short_chain_of_a_network_is_not_ok():
+def test_one_short_chain_of_a_network_is_not_ok_and_extends_until_it_is(tmp_path):
     data = ppl.datasets.load("breast_cancer", seed=0)
-    post = ppl.fit(BNN(hidden=(8,), likelihood="bernoulli"), data.train, method="nuts", seed=0,
-                   num_chains=1, num_warmup=5, num_samples=30)
+    model, short = BNN(hidden=(8,), likelihood="bernoulli"), dict(num_chains=1, num_warmup=5, num_samples=30)
+    post = ppl.fit(model, data.train, method="nuts", seed=0, time_budget=0, **short)
     diag = post.diagnostics()
+    assert post.num_draws == 30 and post.info["extension_stop"] == "off"
     assert not diag.ok and any("function-space bulk ESS" in w for w in diag.warnings)
+    # by default the same chain continues, 30 draws at a time, until the checks pass
+    extended = ppl.fit(model, data.train, method="nuts", seed=0, **short)
+    assert extended.num_draws > 30 and extended.num_draws % 30 == 0
+    assert extended.info["extension_stop"] == "passed" and extended.diagnostics().ok
+    np.testing.assert_array_equal(extended.flat_draws[:, :30], post.flat_draws)  # the same chain, continued
+    extended.save(tmp_path / "run")
+    loaded = ppl.load(tmp_path / "run")  # a finished run may hold a multiple of num_samples
+    assert loaded.num_draws == extended.num_draws and loaded.diagnostics().ok
+    # a budget too small for another round stops with the draws so far, and the verdict says so
+    spent = ppl.fit(model, data.train, method="nuts", seed=0, time_budget=1e-3, **short)
+    assert spent.num_draws == 30 and spent.info["extension_stop"].startswith("time budget")
+    assert any("stopped on its time budget" in w and "raise time_budget" in w for w in spent.diagnostics().warnings)
 
 
 def test_cli_keeps_the_fit_when_test_predictions_would_not_fit_in_memory(tmp_path, monkeypatch, capsys):
@@ -1609,3 +1622,42 @@ def test_a_replaced_prior_is_recorded_shown_and_named_in_the_verdict(tmp_path, c
     assert "set by prior_precision=1000000.0" in ppl.load(tmp_path / "lp").diagnostics().verdict()
     assert main(["show", "lp"]) == 0
     assert "not the declared model's posterior" in capsys.readouterr().out
+
+
+# An sgld checkpoint holds the chains' tuning (frames, curvature, gradient noise, batch) and the
+# extension's progress; every field is checked against the run before it is used.
+SGLD_CHECKPOINT = dict(num_warmup=100, num_samples=300, num_chains=2, time_budget=0)
+
+
+@pytest.mark.parametrize("where, name, edit, match", [
+    ("arrays", "resume/curvature", lambda a: np.full_like(a, np.nan), "curvature"),
+    ("arrays", "resume/frame_L", lambda a: a[:1], "frame_L"),
+    ("arrays", "resume/row_noise", lambda a: np.ones(5), "row_noise"),
+    ("arrays", "resume/batch", lambda a: np.asarray(10**6), "batch"),
+    ("progress", "discard_first_half", lambda v: "yes", "discard_first_half"),
+    ("progress", "draws_target", lambda v: 450, "does not fit a run of 2 chains × 300 draws"),
+])
+def test_an_edited_sgmcmc_checkpoint_is_refused(where, name, edit, match, tmp_path, linear_model, linear_data):
+    folder = tmp_path / "ck"
+    ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, checkpoint=folder, checkpoint_every=100,
+            **SGLD_CHECKPOINT)
+    if where == "arrays":
+        with np.load(folder / "arrays.npz") as stored:
+            arrays = dict(stored)
+        arrays[name] = edit(arrays[name])
+        with open(folder / "arrays.npz", "wb") as handle:
+            np.savez(handle, **arrays)
+    else:
+        meta = json.loads((folder / "posterior.json").read_text())
+        meta["resume"]["progress"][name] = edit(meta["resume"]["progress"][name])
+        (folder / "posterior.json").write_text(json.dumps(meta))
+    reseal(folder)
+    with pytest.raises(ppl.ResumeError, match=match):
+        ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, resume=folder, **SGLD_CHECKPOINT)
+
+
+@pytest.mark.parametrize("method", ["nuts", "sgld"])
+@pytest.mark.parametrize("value", [-1.0, float("nan"), float("inf"), "60", True])
+def test_a_bad_time_budget_is_refused_before_the_run(method, value, linear_model, linear_data):
+    with pytest.raises(ppl.OptionError, match=f"{method}: (option )?time_budget must be"):
+        ppl.fit(linear_model, linear_data.train, method=method, seed=0, time_budget=value)

@@ -83,7 +83,8 @@ def test_svi_starts_from_a_given_posterior(linear_model, linear_data, linear_tru
     np.testing.assert_allclose(np.sqrt(np.diag(np.asarray(q.covariance()))), sd, rtol=0.03)
     assert "exact posterior (seed 0" in post.options["init"]
     # from a sampler: the draws' mean and covariance
-    nuts = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200)
+    nuts = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200,
+                    time_budget=0)
     again = ppl.fit(linear_model, linear_data.train, method="svi", seed=0, init=nuts, steps=50)
     assert again.info["start"].startswith("started at the mean and covariance of the given nuts run's 800 draws")
     with pytest.raises(ppl.OptionError, match="init must be a fitted Posterior of this model"):

@@ -27,7 +27,7 @@ def cancer():
 def chains(cancer):
     model = BNN(hidden=(4,), likelihood="bernoulli")
     return ppl.fit(model, cancer.train, method="sgld", seed=0, num_chains=3, num_samples=40, batch_size=64,
-                   progress_bar=False)
+                   progress_bar=False, time_budget=0)
 
 
 def test_summaries_block_by_block_equal_the_whole_prediction(chains, cancer, monkeypatch):
@@ -65,7 +65,7 @@ def test_keep_draws_is_checked(chains, cancer):
 def test_loo_block_by_block_equals_the_whole_array(chains):
     loglik = chains.pointwise_log_likelihood().reshape(chains.num_chains * chains.num_draws, -1)
     fresh = ppl.fit(chains.problem.model, chains.problem.data, method="sgld", seed=0, num_chains=3, num_samples=40,
-                    batch_size=64, progress_bar=False)  # nothing cached: the blocks are computed one by one
+                    batch_size=64, progress_bar=False, time_budget=0)  # nothing cached: the blocks are computed one by one
     blocks = list(fresh.pointwise_log_likelihood_chunks(max_bytes=120 * 8 * 50))
     assert [b.shape for b in blocks] == [(120, 50)] * 9 + [(120, 5)]
     # float32 network: the blocks' rows go through other matrix shapes than the whole data's

@@ -220,7 +220,8 @@ def test_predict_reports_regression_in_the_target_s_own_units(tmp_path):
 def test_the_export_has_a_posterior_predictive_and_ensembles_export_without_warnings(linear_model, linear_data):
     import warnings
 
-    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200)
+    post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=0, num_warmup=200, num_samples=200,
+                   time_budget=0)
     idata = post.to_arviz()
     replicates = idata.posterior_predictive["y"].values
     assert replicates.shape == (4, 200, 80) and idata.observed_data["y"].shape == (80,)
