@@ -12,6 +12,7 @@ Declare a model once, switch the inference method with one argument, read the sa
 from __future__ import annotations
 
 from ppl import datasets
+from ppl._cache import use_compilation_cache
 from ppl._calibrate import Calibration, Conformal, calibrate, conformal, load_calibration
 from ppl._checkpoint import Interrupted
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
@@ -57,6 +58,7 @@ __all__ = [
     "conformal",
     "Conformal",
     "load_calibration",
+    "use_compilation_cache",
 ]
 __version__ = "0.1.0"
 

@@ -12,6 +12,7 @@ import sys
 import typing
 from pathlib import Path
 
+from ppl._cache import CACHE_ENV, use_compilation_cache
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 MODELS = ("linear", "logistic", "bnn", "vae")
@@ -139,6 +140,13 @@ def _parser() -> argparse.ArgumentParser:
     calib.add_argument("--no-temperature", action="store_true", help="skip temperature scaling (classifiers)")
     calib.add_argument("--seed", type=_seed, default=0, help="seed of the predictive draws and of the row split (default 0)")
     calib.add_argument("--num-samples", type=_positive, help="posterior draws to use (default: all stored)")
+    for command in (fit, comp, show, predict, calib):  # the commands that compile programs
+        command.add_argument(
+            "--no-cache", action="store_true",
+            help=f"compile afresh and keep nothing on disk (default: compiled programs are kept in "
+            f"{CACHE_ENV} or ~/.cache/ppl/jax, so that the next run with the same shapes starts sooner; "
+            f"{CACHE_ENV}=off also turns this off)",
+        )
     sub.add_parser("datasets", help="list the bundled datasets")
     sub.add_parser("methods", help="list the methods with their options and defaults")
     return parser
@@ -1391,6 +1399,8 @@ def main(argv=None) -> int:
         try:
             args = _parser().parse_args(argv)
             name = f"ppl {args.command}"
+            if not getattr(args, "no_cache", True):
+                use_compilation_cache()
             code = handlers[args.command](args)
             if code == 0 and _interrupt.pending():
                 # The signal came as the command finished, or its KeyboardInterrupt was dropped where
