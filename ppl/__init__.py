@@ -11,20 +11,39 @@ Declare a model once, switch the inference method with one argument, read the sa
 
 from __future__ import annotations
 
-from ppl import datasets
-from ppl._cache import use_compilation_cache
-from ppl._calibrate import Calibration, Conformal, calibrate, conformal, load_calibration
-from ppl._checkpoint import Interrupted
+import importlib
+
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
-from ppl._compare import Comparison, ComparisonInterrupted, compare
-from ppl._evaluate import evaluate
-from ppl._fit import fit
-from ppl._io import load
-from ppl._kfold import KFold, kfold
-from ppl._posterior import Posterior
-from ppl._problem import Problem, compile_problem
-from ppl._records import ChainStats, Evidence, RunStatus, TrainingTrace
-from ppl._results import Diagnostics, Prediction
+
+# Everything else is imported on first use (``ppl.fit`` loads JAX, ``ppl.datasets`` only NumPy), so that
+# ``import ppl`` and the command line's listing commands answer without loading JAX.
+_LAZY = {
+    "datasets": "ppl.datasets",
+    "use_compilation_cache": "ppl._cache",
+    "Calibration": "ppl._calibrate",
+    "Conformal": "ppl._calibrate",
+    "calibrate": "ppl._calibrate",
+    "conformal": "ppl._calibrate",
+    "load_calibration": "ppl._calibrate",
+    "Interrupted": "ppl._checkpoint",
+    "Comparison": "ppl._compare",
+    "ComparisonInterrupted": "ppl._compare",
+    "compare": "ppl._compare",
+    "evaluate": "ppl._evaluate",
+    "fit": "ppl._fit",
+    "load": "ppl._io",
+    "KFold": "ppl._kfold",
+    "kfold": "ppl._kfold",
+    "Posterior": "ppl._posterior",
+    "Problem": "ppl._problem",
+    "compile_problem": "ppl._problem",
+    "ChainStats": "ppl._records",
+    "Evidence": "ppl._records",
+    "RunStatus": "ppl._records",
+    "TrainingTrace": "ppl._records",
+    "Diagnostics": "ppl._results",
+    "Prediction": "ppl._results",
+}
 
 __all__ = [
     "fit",
@@ -71,3 +90,17 @@ def sbc(model_fn, method, num_simulations, seed, **options):
     from ppl.diagnostics.sbc import sbc as run_sbc
 
     return run_sbc(model_fn, method, num_simulations, seed, **options)
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ppl' has no attribute {name!r}")
+    imported = importlib.import_module(module)
+    value = imported if module == f"ppl.{name}" else getattr(imported, name)
+    globals()[name] = value  # later look-ups find it directly
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -17,8 +17,6 @@ import os
 import stat
 from pathlib import Path
 
-import jax
-
 from ppl._errors import OptionError
 
 __all__ = ["use_compilation_cache", "default_cache_dir", "CACHE_ENV", "DEFAULT_MAX_BYTES"]
@@ -48,6 +46,10 @@ def use_compilation_cache(path: str | os.PathLike | None = None, *, max_bytes: i
     if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1024**2:
         raise OptionError(f"use_compilation_cache: max_bytes must be a whole number of bytes, at least 1 MiB "
                           f"(got {max_bytes!r})")
+    # Imported here, not above: the command line imports this module for its listing commands, which
+    # must answer without loading JAX.
+    import jax
+
     configured = jax.config.jax_compilation_cache_dir
     if configured:
         return Path(configured)

@@ -1368,22 +1368,9 @@ def _datasets(args) -> int:
 
 
 def _methods(args) -> int:
-    from ppl.inference import registry
+    from ppl._methods_text import METHODS_TEXT  # written from the classes; see ppl/_catalogue.py
 
-    print("models (--model NAME; options with --set KEY=VALUE):")
-    for name in MODELS:
-        cls = _model_class(name)
-        print(f"  {name:<14} {cls.__name__}: {(cls.__doc__ or '').strip().splitlines()[0]}")
-        for field in dataclasses.fields(cls):
-            if field.name == "prior":
-                continue  # a Python object, set from the API only
-            default = field.default if field.default is not dataclasses.MISSING else "(required)"
-            print(f"                 {field.name} = {default!r}")
-    print("methods (--method NAME; options with --set KEY=VALUE):")
-    for name, description, options in registry.describe():
-        print(f"  {name:<14} {description}")
-        for key, value in options.items():
-            print(f"                 {key} = {value!r}")
+    print(METHODS_TEXT, end="")
     return 0
 
 

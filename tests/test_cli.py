@@ -78,6 +78,34 @@ def test_datasets_and_methods(capsys):
     assert "num_samples = 1000" in text
 
 
+def test_the_methods_listing_is_the_classes_own():
+    from ppl._catalogue import methods_text
+    from ppl._methods_text import METHODS_TEXT
+
+    # Kept as text so that `ppl methods` need not load JAX; after changing a model's or a method's
+    # options, run `python -m ppl._catalogue` to write it again.
+    assert METHODS_TEXT == methods_text(), "ppl/_methods_text.py is stale: run `python -m ppl._catalogue`"
+
+
+def test_listing_commands_answer_without_loading_jax():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from ppl.cli import main\n"
+        "for argv in (['--help'], ['fit', '--help'], ['--version'], ['datasets'], ['methods']):\n"
+        "    try:\n"
+        "        main(argv)\n"
+        "    except SystemExit:\n"
+        "        pass\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'numpyro', 'matplotlib', 'arviz')))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert "cyclical_sgld" in result.stdout and "breast_cancer" in result.stdout
+
+
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_console_script_in_default_float32(tmp_path):
     # A separate process: the user's default precision (float32), not the tests' float64.
