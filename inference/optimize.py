@@ -146,7 +146,10 @@ def _init_state(config, params, learning_rate, members: bool = False, collector=
     def init(p):
         return config.build(learning_rate).init(p), (() if collector is None else collector.init(p))
 
-    return jax.vmap(init)(params) if members else init(params)
+    state = jax.vmap(init)(params) if members else init(params)
+    # Optimisers start some counters as weakly typed Python scalars, which the first chunk returns
+    # strongly typed: without this the chunk's program would be compiled twice, once per typing.
+    return jax.tree_util.tree_map(lambda x: jax.lax.convert_element_type(x, x.dtype), state)
 
 
 def _select(flag, new, old):
