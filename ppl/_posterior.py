@@ -97,28 +97,23 @@ def _output_moments(problem, family, X, sites=None):
 
 
 def _linearized_outputs(problem, family, X):
-    """``_output_moments`` over X in chunks of rows sized so that each chunk's Jacobians stay
-    within the curvature service's chunk budget (the last chunk padded: one compiled shape)."""
+    """``_output_moments`` over X in blocks of rows (:func:`_row_blocks`) sized so that each block's
+    Jacobians stay within the curvature service's chunk budget."""
     from ppl.inference import _curvature as curvature
 
     index = family.active_index
     free = problem.num_params if index is None else int(index.shape[0])
     outputs = problem.model.output_dim()
-    rows = min(X.shape[0], curvature.chunk_rows(outputs, free))
     sites = None
     if index is not None:
         columns = np.zeros(problem.num_params, bool)
         columns[np.asarray(index)] = True
         sites = tuple(problem.sites_of(columns))
     means, covs = [], []
-    for start in range(0, X.shape[0], rows):
-        part = X[start : start + rows]
-        short = rows - part.shape[0]
-        if short:
-            part = jnp.concatenate([part, jnp.repeat(part[-1:], short, axis=0)])
-        f, cov = jax.device_get(_output_moments(problem, family, part, sites))
-        means.append(f[: rows - short])
-        covs.append(cov[: rows - short])
+    for rows, count in _row_blocks(X.shape[0], curvature.chunk_rows(outputs, free)):
+        f, cov = jax.device_get(_output_moments(problem, family, X[rows], sites))
+        means.append(f[:count])
+        covs.append(cov[:count])
     return np.concatenate(means), np.concatenate(covs)
 
 
@@ -190,24 +185,39 @@ def _check_prediction_size(num_draws: int, num_inputs: int, outputs: int) -> Non
 
 
 def _by_rows(compute, X, per_row: int, axes: tuple):
-    """``compute(X)`` (a tuple of outputs) over chunks of rows of X, sized so that each chunk's
-    outputs (``per_row`` numbers a row) stay under ``PREDICT_CHUNK_BYTES``. Output ``i`` is joined
-    along ``axes[i]``, its row axis; ``None`` marks an output without one (taken from the first chunk)."""
-    rows = max(1, PREDICT_CHUNK_BYTES // max(1, per_row * 8))
-    if X.shape[0] <= rows:
-        return compute(X)
-    parts = [jax.device_get(compute(X[i : i + rows])) for i in range(0, X.shape[0], rows)]
+    """``compute(X)`` (a tuple of outputs) over blocks of rows of X (:func:`_row_blocks`), sized so
+    that each block's outputs (``per_row`` numbers a row) stay under ``PREDICT_CHUNK_BYTES``. Output
+    ``i`` is joined along ``axes[i]``, its row axis; ``None`` marks an output without one (taken from
+    the first block)."""
+    parts = []
+    for index, count in _row_blocks(X.shape[0], PREDICT_CHUNK_BYTES // max(1, per_row * 8)):
+        outputs = jax.device_get(compute(X[index]))
+        parts.append(tuple(out if axis is None else np.take(out, np.arange(count), axis=axis)
+                           for out, axis in zip(outputs, axes)))
+    if len(parts) == 1:
+        return parts[0]
     return tuple(
         parts[0][i] if axis is None else np.concatenate([p[i] for p in parts], axis=axis) for i, axis in enumerate(axes)
     )
 
 
+def _row_bucket(n: int) -> int:
+    """The number of rows ``n`` rows are padded to: the next of 8, 12, 16, 24, 32, 48, … (2^k and
+    3·2^(k−1)), so that inputs of a new size rarely need a new compiled program, and at most a third
+    of the rows computed are padding."""
+    size = 8
+    while size < n:
+        size = size * 3 // 2 if size & (size - 1) == 0 else size * 4 // 3
+    return size
+
+
 def _row_blocks(n: int, rows: int):
-    """(row indices, rows that count) for blocks of ``rows`` consecutive rows out of ``n``; the last
-    block repeats the final row up to the common size, so one compiled shape serves every block."""
-    rows = max(1, min(int(rows), n))
+    """(row indices, rows that count) for blocks of ``rows`` consecutive rows out of ``n`` (at most
+    ``rows``, at most :func:`_row_bucket` of ``n``); the last block repeats the final row up to the
+    common size, so one compiled shape serves every block, and every ``n`` in a bucket."""
+    rows = max(1, min(int(rows), _row_bucket(n)))
     for start in range(0, n, rows):
-        yield jnp.minimum(jnp.arange(start, start + rows), n - 1), min(rows, n - start)
+        yield np.minimum(np.arange(start, start + rows), n - 1), min(rows, n - start)
 
 
 def _summaries_by_rows(problem, flat, X, task: str, noise_axis) -> Prediction:
@@ -570,10 +580,11 @@ class Posterior:
             f = np.asarray(jax.device_get(_outputs_many(self.problem, flat, X[index])[0]))[:, :count]
             yield f.reshape(self.num_chains, self.num_draws, count, -1)
 
-    def _new_inputs(self, X) -> jax.Array:
+    def _new_inputs(self, X) -> np.ndarray:
         """``X`` checked against the training inputs' per-row shape, in their dtype."""
         any_rank = getattr(self.problem.model, "accepts_array_inputs", False)
-        X = jnp.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
+        # A NumPy array: converting on the host compiles nothing, whatever the number of rows.
+        X = np.asarray(validate_inputs(X, any_rank=any_rank), dtype=self.problem.data[0].dtype)
         if X.shape[1:] != self.problem.data[0].shape[1:]:
             what = "features" if X.ndim == 2 else "as its per-row shape"
             raise OptionError(
@@ -789,12 +800,15 @@ class Posterior:
                 )
 
 
-def _class_log_probs(likelihood: str, f) -> jax.Array:
+def _class_log_probs(likelihood: str, f) -> np.ndarray:
     """Log class probabilities from logits, in log space: in float32, 1 − sigmoid(17) is 0 and its
-    log −inf, while log_sigmoid(−17) is −17."""
+    log −inf, while log sigmoid(−17) = −log(1 + e^17) is −17. In NumPy: the logits are already on the
+    host, and a JAX operation here would compile anew for every new number of inputs."""
+    f = np.asarray(f)
     if likelihood == "bernoulli":
-        return jnp.stack([jax.nn.log_sigmoid(-f), jax.nn.log_sigmoid(f)], axis=-1)
-    return jax.nn.log_softmax(f, axis=-1)
+        return np.stack([-np.logaddexp(0.0, f), -np.logaddexp(0.0, -f)], axis=-1).astype(f.dtype, copy=False)
+    shifted = f - np.max(f, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
