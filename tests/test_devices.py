@@ -35,6 +35,10 @@ from ppl.inference import _devices
 # measured); hmc goes through the same adaptation with fixed trajectories and stays at 1e-14
 # after 100. Samplers run with time_budget=0: whether a run extends is decided by its R-hat and
 # ESS, and a rounding-sized difference at a threshold could extend one run and not the other.
+# SGLD measures the curvature and gradient noise where its chains stand between warmup windows;
+# on the BNN those measurements turned a 7e-15 difference of the chains' positions into 1e-3 of the
+# curvature, and the chains then took other paths (draws 1.97 apart at scale 3.3), so it runs on
+# the convex logistic posterior, where the two runs' draws differ by 8e-13 of their scale (measured).
 CASES = {
     "svi (minibatch, 8 particles)": ("bnn", "svi", dict(steps=150, batch_size=64), 1e-12),
     "svi (full batch)": ("logistic", "svi", dict(steps=100), 1e-9),
@@ -44,7 +48,7 @@ CASES = {
     "nuts (vectorized chains)": ("linear", "nuts", dict(num_warmup=20, num_samples=100, chain_method="vectorized", time_budget=0), 1e-9),
     "hmc (vectorized chains)": ("linear", "hmc", dict(num_warmup=100, num_samples=100, chain_method="vectorized", time_budget=0), 1e-9),
     "nuts (sequential chains)": ("bnn", "nuts", dict(num_warmup=30, num_samples=30, time_budget=0), 0.0),
-    "sgld (chains)": ("bnn", "sgld", dict(num_samples=100, batch_size=64, time_budget=0), 1e-12),
+    "sgld (chains)": ("logistic", "sgld", dict(num_samples=100, batch_size=64, time_budget=0), 1e-10),
     "ensemble (members)": ("bnn", "ensemble", dict(num_members=3, steps=30), 0.0),
     "multiswag (members)": ("bnn", "multiswag", dict(num_members=3, steps=30, swag_steps=50, batch_size=64), 1e-6),
 }
