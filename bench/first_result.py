@@ -26,7 +26,7 @@ from bench import _harness
 
 PY = sys.executable
 MAP_FIT = ["-m", "ppl.cli", "fit", "--model", "bnn", "--data", "two_moons", "--method", "map", "--no-progress"]
-COMPARE = ["-m", "ppl.cli", "compare", "--no-progress"]
+COMPARE = ["-m", "ppl.cli", "compare"]  # output is not a terminal here, so no bars
 
 
 def measure(argv: list, env: dict, cwd: Path) -> dict:
@@ -40,7 +40,7 @@ def measure(argv: list, env: dict, cwd: Path) -> dict:
     code = os.waitstatus_to_exitcode(status)
     if code not in (0, 1):  # 1: a comparison in which some methods fail their checks
         raise RuntimeError(f"{' '.join(argv)} exited {code}:\n{output.decode(errors='replace')[-2000:]}")
-    return {"wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "exit": code}
+    return {"wall_s": wall, "peak_mb": usage.ru_maxrss / 1024, "exit": code, "output": output.decode(errors="replace")}
 
 
 def run(quick: bool = False, repeats: int = 1) -> dict:
@@ -62,13 +62,14 @@ def run(quick: bool = False, repeats: int = 1) -> dict:
         jobs = [("ppl fit --method map (two_moons BNN)", MAP_FIT)]
         if not quick:
             jobs.append(("ppl compare (the main job)", COMPARE))
-        ratios = {}
+        ratios, outputs = {}, {}
         for label, argv in jobs:
             cold = measure([*argv, "--out", str(folder / "runs" / f"{len(rows)}-cold")], env, folder)
             warm = measure([*argv, "--out", str(folder / "runs" / f"{len(rows)}-warm")], env, folder)
             rows.append([label, "cold", cold["wall_s"], cold["peak_mb"]])
             rows.append([label, "warm", warm["wall_s"], warm["peak_mb"]])
             ratios[label] = warm["wall_s"] / cold["wall_s"]
+            outputs[label] = cold["output"]
     tables = [
         _harness.table("Time to a first result (each row a new process)", ["command", "cache", "wall s", "peak MB"], rows),
         _harness.table(
@@ -78,7 +79,7 @@ def run(quick: bool = False, repeats: int = 1) -> dict:
             + [[f"{label}: warm / cold", ratio] for label, ratio in ratios.items()],
         ),
     ]
-    return {"tables": tables}
+    return {"tables": tables, "outputs": outputs}
 
 
 def main(argv=None) -> dict:
@@ -86,7 +87,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--quick", action="store_true", help="leave ppl compare out")
     parser.add_argument("--out", help="also write the tables as JSON here")
     args = parser.parse_args(argv)
-    return _harness.report(run(args.quick), args.out)
+    result = run(args.quick)
+    for label, text in result["outputs"].items():
+        print(f"-- what the cold run of {label} printed:\n{text}")
+    return _harness.report(result, args.out)
 
 
 if __name__ == "__main__":
