@@ -203,7 +203,10 @@ def _surfaces(comparison, methods, X, y, path: Path):
     gx, gy = np.meshgrid(np.linspace(x0 - mx, x1 + mx, 80), np.linspace(y0 - my, y1 + my, 80))
     grid = np.c_[gx.ravel(), gy.ravel()]
     figure, rows, cols = _grid_of(len(methods), 3.3, 3.0, 4)
-    predictions = {m: comparison.posteriors[m].predict(grid, seed=comparison.seed) for m in methods}
+    # Only per-input summaries are drawn: keep_draws=False reduces each block of rows as it goes, so
+    # a 6,400-point grid under NUTS's 4,000 draws does not hold 4000 × 6400 class probabilities per
+    # method (with them kept, the main job's report peaked at 6.6 GB).
+    predictions = {m: comparison.posteriors[m].predict(grid, seed=comparison.seed, keep_draws=False) for m in methods}
     top = max(float(np.log(p.probs.shape[1])) for p in predictions.values())
     for k, method in enumerate(methods):
         prediction = predictions[method]

@@ -135,7 +135,7 @@ def _classification_figure(posterior, path: Path) -> Path:
     mx, my = 0.2 * (x1 - x0), 0.2 * (y1 - y0)
     gx, gy = np.meshgrid(np.linspace(x0 - mx, x1 + mx, 90), np.linspace(y0 - my, y1 + my, 90))
     grid = np.c_[gx.ravel(), gy.ravel()]
-    prediction = posterior.predict(grid, seed=0)
+    prediction = posterior.predict(grid, seed=0, keep_draws=False)  # summaries only: no per-draw arrays
     probability = prediction.probs[:, -1].reshape(gx.shape)
     entropy = prediction.entropy.reshape(gx.shape)
     figure = _figure(10.0, 4.2)
