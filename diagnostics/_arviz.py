@@ -7,6 +7,7 @@ import warnings
 
 import arviz as az
 import numpy as np
+import scipy.fft
 import scipy.special
 
 __all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains", "compare_elpd"]
@@ -88,10 +89,86 @@ def _split_rhat(split: np.ndarray) -> np.ndarray:
     return np.sqrt((between / within + draws - 1) / draws)
 
 
+TAIL_PROBABILITIES = (0.05, 0.95)  # tail ESS: the smaller ESS of the indicators of these two quantiles
+
+
 def ess(array: np.ndarray, method: str) -> np.ndarray:
-    """Bulk or tail effective sample size per component of (chain, draw, ...)."""
+    """Bulk, tail or mean effective sample size per component of (chain, draw, ...), as
+    ``az.ess(method=...)`` computes it (Vehtari et al. 2021), vectorised over the components.
+
+    ArviZ estimates each component in a Python loop, at about 4 ms a component for 4 × 1000 draws;
+    the diagnostics of the main job's samplers spent 48 s there (201 weights and the function-space
+    outputs of four samplers, again after every extension round). Here every component goes
+    through one FFT and one array pass; a test pins agreement with ArviZ to rounding.
+
+    * ``"bulk"``: the ESS of the split chains' rank-normalised draws (normal scores of their
+      pooled ranks);
+    * ``"tail"``: the smaller of the ESS of the indicators I(x ≤ q) for the 5% and 95% quantiles q
+      of the pooled draws (R's type-7 quantile, as ArviZ's);
+    * ``"mean"``: the ESS of the split chains' draws themselves (PSIS-LOO's relative efficiency).
+
+    A component with a NaN, or an array of fewer than 4 draws, gives NaN, as in ArviZ.
+    """
+    array = np.asarray(array, dtype=float)
+    if method not in ("bulk", "tail", "mean"):
+        raise ValueError(f"ess: method must be 'bulk', 'tail' or 'mean', got {method!r}")
+    chains, draws = array.shape[:2]
+    shape = array.shape[2:]
+    if draws < 4 or chains < 1:
+        return np.full(shape, np.nan)
+    columns = array.reshape(chains, draws, -1)
+    half = draws // 2
+    split = np.concatenate([columns[:, :half], columns[:, draws - half :]], axis=0)  # (2C, half, M)
     with _quiet():
-        return np.asarray(az.ess(_dataset(array), method=method)["x"].values)
+        if method == "bulk":
+            value = _geyer_ess(_z_scale(split))
+        elif method == "mean":
+            value = _geyer_ess(split)
+        else:
+            pooled = columns.reshape(-1, columns.shape[-1])
+            value = np.minimum(*(_geyer_ess((split <= np.quantile(pooled, p, axis=0)).astype(float))
+                                 for p in TAIL_PROBABILITIES))
+    value[np.isnan(columns).any(axis=(0, 1))] = np.nan
+    return value.reshape(shape)
+
+
+def _geyer_ess(split: np.ndarray) -> np.ndarray:
+    """ESS of (chain, draw, M) per column: the chains' combined autocorrelations (Vehtari et al.
+    2021, eq. 10), summed in pairs up to the first pair whose sum is not positive (Geyer's initial
+    positive sequence) after the pair sums are made non-increasing (his initial monotone sequence).
+    A column that is constant to float resolution has ESS = its number of draws."""
+    chains, n, columns = split.shape
+    size = chains * n
+    centred = split - split.mean(axis=1, keepdims=True)
+    length = scipy.fft.next_fast_len(2 * n)
+    spectrum = np.fft.rfft(centred, n=length, axis=1)
+    autocov = np.fft.irfft(spectrum * np.conjugate(spectrum), n=length, axis=1)[:, :n] / n  # (C, n, M)
+    mean_var = autocov[:, 0].mean(axis=0) * n / (n - 1.0)
+    var_plus = mean_var * (n - 1.0) / n
+    if chains > 1:
+        var_plus = var_plus + np.var(split.mean(axis=1), axis=0, ddof=1)
+    rho = 1.0 - (mean_var - autocov.mean(axis=0)) / var_plus  # (n, M), rho[0] = 1 up to rounding
+    rho[0] = 1.0
+    # Pair j holds lags 2j and 2j + 1. Pair k ≥ 1 is looked at while lag 2k − 1 < n − 3 and every
+    # pair before it had a positive sum; ``looked`` counts them (max_t = 2 looked − 1).
+    bound = max(0, -(-(n - 2) // 2) - 1)  # the k ≥ 1 with 2k − 1 < n − 3
+    sums = rho[0 : 2 * bound + 1 : 2] + rho[1 : 2 * bound + 2 : 2]  # pairs 0 .. bound, (bound + 1, M)
+    stop = sums[:bound] <= 0.0
+    looked = np.where(stop.any(axis=0), stop.argmax(axis=0), bound) if bound else np.zeros(columns, dtype=int)
+    # Pairs 0 .. looked − 1 count in full, made non-increasing (Geyer's initial monotone sequence).
+    monotone = np.minimum.accumulate(sums[:bound], axis=0) if bound else np.zeros((0, columns))
+    total = np.sum(np.where(np.arange(bound)[:, None] < looked[None, :], monotone, 0.0), axis=0)
+    # Then the even lag of the last pair looked at: kept when that pair's sum was not negative, or
+    # when it is positive itself (lag 0, = 1, when no pair was looked at).
+    cols = np.arange(columns)
+    even = rho[2 * looked, cols]
+    tail = np.where((looked == 0) | (sums[looked, cols] >= 0.0) | (even > 0.0), even, 0.0)
+    tau = -1.0 + 2.0 * total + tail
+    tau = np.maximum(tau, 1.0 / np.log10(size))
+    value = size / tau
+    constant = (split.max(axis=(0, 1)) - split.min(axis=(0, 1))) < np.finfo(float).resolution
+    value = np.where(constant, float(size), value)
+    return np.where(np.isnan(tau) & ~constant, np.nan, value)
 
 
 def psis(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, np.ndarray]:

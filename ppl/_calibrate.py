@@ -64,7 +64,7 @@ def scale_temperature(prediction: Prediction, temperature: float) -> Prediction:
     log_probs = prediction.log_probs if prediction.log_probs is not None else np.log(prediction.probs)
     log_probs = log_softmax(np.asarray(log_probs, dtype=np.float64) / temperature, axis=-1)
     probs = np.exp(log_probs)
-    return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=_entropy(probs))
+    return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=_entropy(probs, log_probs))
 
 
 def _members(prediction: Prediction) -> np.ndarray:

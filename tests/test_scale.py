@@ -111,6 +111,41 @@ def test_vectorised_rhat_is_arviz_rhat():
     assert np.isnan(_arviz.rhat(rng.standard_normal((1, 100, 2)))).all()  # one chain
 
 
+def _arviz_ess(array, method):
+    with _arviz._quiet():
+        return np.asarray(az.ess(az.convert_to_dataset({"x": array}), method=method)["x"].values)
+
+
+def _autoregressive(rng, shape, phi):
+    """Chains of an AR(1) process with coefficient ``phi`` along the draw axis."""
+    noise = rng.standard_normal(shape)
+    out = np.zeros(shape)
+    for t in range(1, shape[1]):
+        out[:, t] = phi * out[:, t - 1] + noise[:, t]
+    return out
+
+
+def test_vectorised_ess_is_arviz_ess():
+    # every branch of Geyer's truncation: short chains (no pair looked at), sums that turn
+    # negative, the pair bound reached, slow and alternating chains, ties, constants and NaN
+    rng = np.random.default_rng(2)
+    edge = rng.standard_normal((4, 50, 6))
+    edge[:, :, 0] = 1.0  # constant: ESS = number of draws
+    edge[1, 3, 1] = np.nan  # undefined
+    edge[0, 2, 2] = np.inf
+    edge[:, :, 3] = rng.integers(0, 2, (4, 50))  # heavy ties
+    arrays = [edge, _autoregressive(rng, (4, 1000, 12), 0.9), _autoregressive(rng, (4, 1000, 6), 0.99),
+              _autoregressive(rng, (2, 101, 5), 0.5), _autoregressive(rng, (4, 1000, 4), -0.7),
+              _autoregressive(rng, (1, 999, 4), 0.999), _autoregressive(rng, (4, 9, 8), 0.95),
+              rng.standard_normal((3, 4, 3)), rng.standard_normal((4, 5, 3)), np.round(rng.standard_normal((3, 8, 4))),
+              rng.standard_normal((2, 3, 2))]
+    for array in arrays:
+        for method in ("bulk", "tail", "mean"):
+            ours, theirs = _arviz.ess(array, method), _arviz_ess(array, method)
+            np.testing.assert_array_equal(np.isnan(ours), np.isnan(theirs))
+            np.testing.assert_allclose(ours, theirs, rtol=1e-10)
+
+
 def test_average_ranks_are_scipys():
     rng = np.random.default_rng(1)
     for rows in (rng.standard_normal((5, 40)), rng.integers(0, 3, (6, 30)).astype(float), np.ones((2, 9))):
