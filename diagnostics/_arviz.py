@@ -5,12 +5,19 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-import arviz as az
 import numpy as np
 import scipy.fft
 import scipy.special
 
 __all__ = ["rhat", "ess", "psis", "relative_efficiency", "inference_data", "plot_chains", "compare_elpd"]
+
+
+def _az():
+    """ArviZ, imported on first use: R-hat and ESS are computed here without it, so a fit whose
+    diagnostics need nothing else (a MAP fit's) does not pay its half second of import."""
+    import arviz
+
+    return arviz
 
 
 @contextlib.contextmanager
@@ -21,11 +28,6 @@ def _quiet():
         warnings.simplefilter("ignore", UserWarning)
         warnings.simplefilter("ignore", RuntimeWarning)
         yield
-
-
-def _dataset(array: np.ndarray):
-    with _quiet():
-        return az.convert_to_dataset({"x": np.asarray(array, dtype=float)})
 
 
 def rhat(array: np.ndarray) -> np.ndarray:
@@ -186,7 +188,7 @@ def psis(log_ratios: np.ndarray, reff: float = 1.0) -> tuple[np.ndarray, np.ndar
     if fit.any():
         # The Pareto fit's profile likelihood overflows harmlessly for light (k < 0) tails.
         with np.errstate(over="ignore"):
-            fitted, k = az.psislw(rows[fit], reff=reff)
+            fitted, k = _az().psislw(rows[fit], reff=reff)
         smoothed[fit], khat[fit] = np.asarray(fitted), np.asarray(k)
     if log_ratios.ndim == 1:
         return smoothed[0], khat[0]
@@ -238,7 +240,7 @@ def relative_efficiency(arrays) -> float:
 def inference_data(*, posterior: dict, sample_stats: dict, log_likelihood: dict, posterior_predictive: dict,
                    observed_data: dict, dims: dict):
     """Build ``arviz.InferenceData`` from dicts of (chain, draw, ...) arrays."""
-    return az.from_dict(
+    return _az().from_dict(
         posterior=posterior,
         sample_stats=sample_stats or None,
         log_likelihood=log_likelihood or None,
@@ -256,12 +258,12 @@ def plot_chains(draws: dict, path, *, kind: str):
     matplotlib.use("Agg")  # files only, never a window
     import matplotlib.pyplot as plt
 
-    data = az.from_dict(posterior={name: np.asarray(value, dtype=float) for name, value in draws.items()})
+    data = _az().from_dict(posterior={name: np.asarray(value, dtype=float) for name, value in draws.items()})
     with _quiet():
         if kind == "trace":
-            axes = az.plot_trace(data, compact=False, figsize=(9, 1.7 * len(draws)))
+            axes = _az().plot_trace(data, compact=False, figsize=(9, 1.7 * len(draws)))
         else:
-            axes = az.plot_rank(data, figsize=(3.2 * min(3, len(draws)), 2.6 * -(-len(draws) // 3)))
+            axes = _az().plot_rank(data, figsize=(3.2 * min(3, len(draws)), 2.6 * -(-len(draws) // 3)))
     figure = np.ravel(axes)[0].figure
     figure.tight_layout()
     figure.savefig(path, dpi=100)
@@ -297,7 +299,7 @@ def compare_elpd(pointwise: dict) -> list[dict]:
                    "good_k"],
         )
     with _quiet():
-        table = az.compare(records, ic="loo", method="stacking", scale="log")
+        table = _az().compare(records, ic="loo", method="stacking", scale="log")
     return [
         {"method": str(name), "rank": int(row["rank"]), "elpd_loo": float(row["elpd_loo"]), "se": float(row["se"]),
          "elpd_diff": float(row["elpd_diff"]), "dse": float(row["dse"]), "weight": float(row["weight"])}

@@ -202,9 +202,7 @@ def _raw(name: str, seed: int):
         return (bunch.data > 8.0).astype(float), bunch.target, "unsupervised", {"keep_inputs": True, "features": features}
     rng = np.random.default_rng(seed)
     if name == "two_moons":
-        from sklearn.datasets import make_moons
-
-        X, y = make_moons(n_samples=500, noise=0.1, random_state=seed)
+        X, y = _moons(500, 0.1, seed)
         angle = rng.uniform(0, 2 * np.pi, 100)
         ood = np.stack([np.cos(angle), np.sin(angle)], axis=1) * 6.0 + np.array([0.5, 0.25])
         return X, y, "classification", {"ood": ood}
@@ -220,6 +218,22 @@ def _raw(name: str, seed: int):
         y = X @ w + b + noise * rng.standard_normal(X.shape[0])
         return X, y, "regression", {"truth": {"w": w, "b": b, "noise_scale": noise}, "keep_inputs": True}
     raise DataError(f"unknown dataset {name!r}; available: {', '.join(DESCRIPTIONS)}")
+
+
+def _moons(count: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Two interleaved half circles, the points of scikit-learn's ``make_moons(count, noise=noise,
+    random_state=seed)`` exactly (a test pins them), without importing scikit-learn (a second of a
+    first MAP fit's five): the upper arc (class 0) and the lower arc shifted right (class 1), rows
+    shuffled and Gaussian noise added from one legacy ``RandomState`` stream, in that order."""
+    upper, lower = count // 2, count - count // 2
+    a, b = np.linspace(0.0, np.pi, upper), np.linspace(0.0, np.pi, lower)
+    X = np.stack([np.append(np.cos(a), 1.0 - np.cos(b)), np.append(np.sin(a), 1.0 - np.sin(b) - 0.5)], axis=1)
+    y = np.append(np.zeros(upper, dtype=np.intp), np.ones(lower, dtype=np.intp))
+    stream = np.random.RandomState(seed)
+    order = np.arange(count)
+    stream.shuffle(order)
+    X, y = X[order], y[order]
+    return X + stream.normal(scale=noise, size=X.shape), y
 
 
 class _AnyTargets:

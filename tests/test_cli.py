@@ -121,3 +121,19 @@ def test_console_script_in_default_float32(tmp_path):
     assert result.returncode == 0, result.stderr
     summary = json.loads((out / "summary.json").read_text())
     assert summary["metrics"]["accuracy"] > 0.9
+
+
+def test_two_moons_are_scikit_learns():
+    # ppl draws the moons itself so that loading them does not import scikit-learn; the points must
+    # stay make_moons' exactly, or every documented two-moons figure would silently change
+    from sklearn.datasets import make_moons
+
+    import numpy as np
+
+    from ppl.datasets import _moons
+
+    for seed, count in ((0, 500), (1, 500), (7, 7), (123, 100)):
+        X, y = _moons(count, 0.1, seed)
+        X_sk, y_sk = make_moons(n_samples=count, noise=0.1, random_state=seed)
+        np.testing.assert_array_equal(X, X_sk)
+        np.testing.assert_array_equal(y, y_sk)

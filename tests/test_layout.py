@@ -74,6 +74,16 @@ def test_import_ppl_loads_no_backend_and_not_jax():
     assert out.strip() == "[]"
 
 
+def test_a_first_map_fit_imports_no_arviz_nor_scikit_learn():
+    # a second and a half of a five-second first fit: two-moons are drawn without scikit-learn, and
+    # R-hat and ESS are computed without ArviZ, which loads on first use (PSIS, export, plots)
+    code = ("import sys, ppl; from ppl.models import BNN; data = ppl.datasets.load('two_moons', seed=0); "
+            "post = ppl.fit(BNN(hidden=(4,), likelihood='bernoulli'), data.train, method='map', seed=0, steps=20); "
+            "post.diagnostics(); print(sorted({m.split('.')[0] for m in sys.modules} & {'arviz', 'sklearn', 'matplotlib'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip().splitlines()[-1] == "[]"
+
+
 def test_package_dir_mapping():
     import ppl.diagnostics
     import ppl.inference
