@@ -92,7 +92,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
             "a point estimate has no spread to diagnose" if not posterior.has_density
             else "draws are independent samples from the fitted approximation q, not Markov chains"
         ))
-    _transition_checks(posterior.chain_stats, found)
+    _transition_checks(posterior.chain_stats, found, posterior.remedy)
     log_ratios = _density_checks(posterior, found)
     _run_checks(posterior, found)
     _loo(posterior, found, nonfinite, log_ratios)
@@ -232,9 +232,10 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
     )
 
 
-def _transition_checks(stats, found: _Findings) -> None:
+def _transition_checks(stats, found: _Findings, remedy) -> None:
     """Per-transition statistics of Markov chains: divergences, tree depth, E-BFMI, and the
-    predicted variance inflation of a stochastic-gradient chain."""
+    predicted variance inflation and measured temperature of a stochastic-gradient chain
+    (``remedy(topic)``: the method's advice)."""
     record = found.record
     if stats is None or stats.diverging is None:
         found.note("divergences", "only Hamiltonian samplers diverge")
@@ -281,6 +282,15 @@ def _transition_checks(stats, found: _Findings) -> None:
             f"the step size and the minibatch gradient noise inflate the stationary variance by a predicted factor "
             f"{inflation:.3g} (standard deviations {np.sqrt(inflation):.3g}×) against the posterior's: the draws are "
             "too spread out — lower step_size, raise batch_size, or check the data for outliers",
+        )
+    temperature = None if stats is None else stats.temperature
+    if temperature is not None:
+        found.check(
+            "temperature", temperature, THRESHOLDS["temperature"], temperature <= THRESHOLDS["temperature"],
+            f"the draws' configurational temperature, mean |∇log p|² over mean −Δlog p, is {temperature:.3g} where "
+            "draws from the posterior give 1: they are spread about that many times too wide (in variance) along "
+            "the posterior's sharpest directions — the step's discretisation error or the gradient noise heats the "
+            f"chains; {remedy('temperature')}",
         )
 
 

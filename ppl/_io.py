@@ -1263,7 +1263,7 @@ def _layout_of_options(kind: str, options: dict) -> tuple | None:
 # Record fields that count something (steps, chains, tree depths) or measure a size: never negative.
 _COUNTS = {
     "status": ("steps_done", "chains_done"), "trace": ("kl_warmup", "grad_norm", "loss_noise"),
-    "chain_stats": ("max_tree_depth", "leapfrog_cap", "variance_inflation"),
+    "chain_stats": ("max_tree_depth", "leapfrog_cap", "variance_inflation", "temperature"),
 }
 
 

@@ -54,9 +54,10 @@ class TrainingTrace(NamedTuple):
 class ChainStats(NamedTuple):
     """Per-transition statistics of Markov chains (each array (chain, draw), per chain or a number).
 
-    NUTS/HMC fill the Hamiltonian fields; SG-MCMC records its step size and the predicted
-    stationary-variance inflation of its discretisation and gradient noise; ``mh`` its acceptance
-    rate and proposal scale per chain.
+    NUTS/HMC fill the Hamiltonian fields; SG-MCMC records its step size, the predicted
+    stationary-variance inflation of its discretisation and gradient noise, and the configurational
+    temperature measured at its draws (1 for draws from the target; above 1, too spread out);
+    ``mh`` its acceptance rate and proposal scale per chain.
     """
 
     accept_prob: np.ndarray | None = None
@@ -67,6 +68,7 @@ class ChainStats(NamedTuple):
     max_tree_depth: int | None = None
     leapfrog_cap: int | None = None  # HMC's cap on leapfrog steps per transition
     variance_inflation: float | None = None
+    temperature: float | None = None
 
     @property
     def divergences(self) -> int | None:

@@ -23,6 +23,8 @@ THRESHOLDS = {
     "rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3,
     # SG-MCMC: the predicted stationary-variance inflation of the discretisation and gradient noise
     "variance_inflation": 1.25,
+    # SG-MCMC: the configurational temperature measured at the draws (1: draws from the target)
+    "temperature": 1.25,
 }
 
 
@@ -275,6 +277,7 @@ _CHECK_LABELS = {
     "function_ess_tail_min": ("function-space tail ESS", "≥", ".0f"),
     "divergences": ("divergences", None, "d"), "ebfmi_min": ("E-BFMI", "≥", ".2f"), "khat": ("PSIS k-hat", "≤", ".2f"),
     "variance_inflation": ("predicted variance inflation", "≤", ".3g"),
+    "temperature": ("configurational temperature", "≤", ".3g"),
     "status.converged": ("the optimisation converged", None, None),
     "dispersion_min": ("variance against the curvature's", "≥", ".2f"),
     "psis_mean_shift": ("PSIS mean shift (sds)", "≤", ".2f"),

@@ -33,6 +33,7 @@ __all__ = ["rederive", "measure_chains"]
 _UPPER = {  # value ≤ threshold passes
     "rhat_max": lambda n: THRESHOLDS["rhat"], "rhat_function_max": lambda n: THRESHOLDS["rhat"],
     "divergences": lambda n: THRESHOLDS["divergences"], "variance_inflation": lambda n: THRESHOLDS["variance_inflation"],
+    "temperature": lambda n: THRESHOLDS["temperature"],
     "draws": lambda n: 0, "stuck_chains": lambda n: 0,
     "khat": lambda n: min(1.0 - 1.0 / math.log10(n), 0.7) if n > 1 else None,
 }
@@ -138,6 +139,7 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
         "status.converged": status.converged,
         "divergences": None if stats is None else stats.divergences,
         "variance_inflation": None if stats is None else stats.variance_inflation,
+        "temperature": None if stats is None else stats.temperature,
     }
     from ppl.diagnostics.report import ebfmi
 
@@ -171,6 +173,8 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
             required.add("divergences")
         if stats is not None and stats.variance_inflation is not None:
             required.add("variance_inflation")
+        if stats is not None and stats.temperature is not None:
+            required.add("temperature")
         if kind == "chains":
             required.add("num_draws" if record.num_draws < 4 else "stuck_chains")
         for field in _MIRRORED:
