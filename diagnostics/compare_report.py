@@ -322,11 +322,13 @@ def _cell(value, spec: str = ".3f") -> str:
 def _page(comparison, sections) -> str:
     record = comparison.to_dict()
     ok_rows = [r for r in record["rows"] if not r["error"]]
-    fit_header = ["method", "time (s)", "R-hat (weights)", "R-hat (function)", "bulk ESS", "divergences", "k-hat",
+    fit_header = ["method", "time (s)", "R-hat (weights)", "R-hat (function)", "bulk ESS (weights)",
+                  "bulk ESS (function)", "divergences", "k-hat",
                   "elpd_loo", "± SE", "Δelpd", "± SE", "ok"]
     fit_rows = [[_cell(r["method"] + (" (reference)" if r["method"] == record["reference"] else "")),
                  _cell(r["wall_time_s"], ".1f"), _cell(r["rhat_max"]), _cell(r["rhat_function_max"]),
-                 _cell(r["ess_bulk_min"], ".0f"), _cell(r["divergences"]), _cell(r["khat"], ".2f"),
+                 _cell(r["ess_bulk_min"], ".0f"), _cell(r.get("function_ess_bulk_min"), ".0f"),
+                 _cell(r["divergences"]), _cell(r["khat"], ".2f"),
                  _cell(r["elpd_loo"], ".1f"), _cell(r["elpd_loo_se"], ".1f"),
                  _cell(None if r["elpd_diff"] is None else -r["elpd_diff"] + 0.0, ".1f"), _cell(r["elpd_diff_se"], ".1f"),
                  _cell(r["ok"])] for r in ok_rows]

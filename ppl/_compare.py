@@ -398,6 +398,7 @@ def _reference_notes(result: Comparison) -> None:
 def _diagnostic_columns(row: dict, d) -> None:
     row.update(
         rhat_max=d.rhat_max, rhat_function_max=d.rhat_function_max, ess_bulk_min=d.ess_bulk_min,
+        function_ess_bulk_min=next((c.value for c in d.checks if c.field == "function_ess_bulk_min"), None),
         divergences=d.divergences, khat=d.khat, khat_threshold=d.khat_threshold, elpd_loo=d.elpd_loo,
         elpd_loo_se=d.elpd_loo_se, loo_khat_bad=d.loo_khat_bad, ok=d.ok,
         problems=[check.message for check in d.failed],
@@ -417,7 +418,8 @@ def _test_columns(row: dict, prediction, y, task: str, dataset) -> None:
 
 
 COLUMNS = (
-    "method", "error", "wall_time_s", "rhat_max", "rhat_function_max", "ess_bulk_min", "divergences", "khat",
+    "method", "error", "wall_time_s", "rhat_max", "rhat_function_max", "ess_bulk_min", "function_ess_bulk_min",
+    "divergences", "khat",
     "khat_threshold", "elpd_loo", "elpd_loo_se", "elpd_diff", "elpd_diff_se", "loo_khat_bad", "nll", "accuracy",
     "rmse", "ece", "brier", "coverage_90", "auroc_entropy", "auroc_mi", "selective_area", "agreement",
     "total_variation", "wasserstein1", "ok", "problems",
@@ -466,7 +468,8 @@ def format_table(record: dict) -> str:
         ("time s", lambda r: _number(r["wall_time_s"], ".1f")),
         ("R-hat w", lambda r: _number(r["rhat_max"], ".3f")),
         ("R-hat f", lambda r: _number(r["rhat_function_max"], ".3f")),
-        ("ESS", lambda r: _number(r["ess_bulk_min"], ".0f")),
+        ("ESS w", lambda r: _number(r["ess_bulk_min"], ".0f")),
+        ("ESS f", lambda r: _number(r.get("function_ess_bulk_min"), ".0f")),
         ("div", lambda r: _number(r["divergences"], "d")),
         ("k-hat", lambda r: _number(r["khat"], ".2f")),
         ("elpd_loo ± SE", lambda r: "—" if r["elpd_loo"] is None else f"{r['elpd_loo']:.1f} ± {r['elpd_loo_se']:.1f}"),
@@ -506,8 +509,10 @@ def format_table(record: dict) -> str:
         for r in untrusted:
             lines += [f"  {r['method']}: {r['problems'][0]}"] + [f"  {' ' * len(r['method'])}  {p}" for p in r["problems"][1:]]
     notes = list(record["notes"])
-    notes.append("R-hat w/f: weight-space and function-space R-hat; k-hat: PSIS k-hat of q against the posterior; "
-                 "Δelpd: paired PSIS-LOO difference from the best method, with its standard error")
+    notes.append("R-hat w/f, ESS w/f: weight-space and function-space R-hat and bulk ESS (for a network the "
+                 "function-space figures decide: its weights have symmetric modes that no chain need cross); k-hat: "
+                 "PSIS k-hat of q against the posterior; Δelpd: paired PSIS-LOO difference from the best method, with "
+                 "its standard error")
     if task == "classification":
         notes.append("AUROC H/MI: out-of-distribution inputs told apart by predictive entropy / mutual information; "
                      "sel. area: mean accuracy over the accuracy–coverage curve, abstaining on the most uncertain "
