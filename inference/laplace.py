@@ -53,7 +53,7 @@ from ppl.inference._base import (
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
 from ppl.inference.optimize import (
-    INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient, gradient_evidence,
+    INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient, gradient_evidence, loss_convergence,
 )
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
@@ -423,30 +423,24 @@ _JOINT = NegativeLogJoint()
 
 
 def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
-    """(status, None, info): a mode judged by its full-batch gradient norm against the norm at a
-    reference start (no loss curve: the trace slot is None); ``info`` holds the norm.
+    """(status, None, info): a mode judged by :func:`~ppl.inference.optimize.loss_convergence` on
+    its full-batch gradient alone (no loss curve: the trace slot is None), against the norm at a
+    reference start; ``info`` holds the norm.
 
     As for ``map``, a gradient that stays large is a kink, not a failure, when no step along it
-    lowers the objective by a gain worth taking (:func:`ppl.inference.optimize._descends`): a ReLU
-    network's MAP sits at such kinks, and its GGN there is the curvature the approximation uses."""
+    lowers the objective by a gain worth taking: a ReLU network's MAP sits at such kinks, and its
+    GGN there is the curvature the approximation uses."""
     objective = NegativeLogDensity() if density else _JOINT
     reference = problem.init_position(key, "prior") if start is None else start
     start_norm = float(_full_gradient(objective, problem, reference, key)[1])
     evidence = gradient_evidence(objective, problem, u, key, start_norm)
-    norm = evidence["gradient"][1]
-    if np.isfinite(norm) and "descends" not in evidence:
-        status = RunStatus(converged=True, convergence="settled")
-    elif evidence.get("descends") is False:
-        status = RunStatus(converged=True, convergence=(
-            f"settled at a kink: the gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}) does not vanish but "
-            "no step along it lowers the loss (a local minimum of a piecewise-linear loss, as a ReLU network's)"
+    status, _ = loss_convergence(None, stochastic=False, **evidence)
+    if not status.converged:
+        status = status._replace(convergence=(
+            f"the mode from {how} is not stationary ({status.convergence}), so the Laplace approximation sits at a "
+            "non-stationary point"
         ))
-    else:
-        status = RunStatus(converged=False, convergence=(
-            f"the mode from {how} is not stationary: gradient norm {norm:.3g} (at a prior draw {start_norm:.3g}) and "
-            "a step along it still lowers the loss, so the Laplace approximation sits at a non-stationary point"
-        ))
-    return status, None, {"map_gradient_norm": norm}
+    return status, None, {"map_gradient_norm": evidence["gradient"][1]}
 
 
 # -- the Gaussian at a mode -----------------------------------------------------------------------------

@@ -595,7 +595,7 @@ def _loadable(posterior) -> bool:
     return True
 
 
-def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, moved: bool | None = None,
+def loss_convergence(losses: np.ndarray | None, planned_steps: int | None = None, *, moved: bool | None = None,
                      gradient: tuple | None = None, stochastic: bool = True, descends: bool | None = None,
                      stationary: tuple | None = None, previous: np.ndarray | None = None
                      ) -> tuple[RunStatus, TrainingTrace]:
@@ -626,15 +626,22 @@ def loss_convergence(losses: np.ndarray, planned_steps: int | None = None, *, mo
     With ``stationary`` = (max |t|, threshold) from :func:`stationarity`, a stochastic objective's
     expected gradient must also be zero within its Monte Carlo noise at the end.
 
+    With ``losses=None`` there is no loss curve: only the gradient and stationarity tests apply (a
+    mode found elsewhere, as ``laplace`` receives one) — one verdict for every optimiser's result.
+
     Returns the run's status (``converged``, ``convergence``; with ``planned_steps`` also
     ``interrupted`` when fewer steps were done than planned) and its trace with the figures judged.
     """
     reasons = []
+    curve = losses is not None  # None: a point judged by its gradient alone (a mode handed to laplace)
+    losses = np.zeros(0) if losses is None else losses
     result = {"final_loss": float(losses[-1]) if len(losses) else None}
     if moved is False:
         reasons.append("the parameters never moved from their starting point")
     window = max(10, len(losses) // 5)
-    if len(losses) >= 2 * window:
+    if not curve:
+        pass
+    elif len(losses) >= 2 * window:
         tail = np.asarray(losses[-window:], dtype=float)
         # Work on losses divided by their largest magnitude: squares of losses near 1e300 overflow.
         unit = float(np.max(np.abs(tail))) or 1.0
@@ -821,11 +828,15 @@ class MAP(Method):
         # so its full-batch gradient at the start and the end is a sound convergence test either way.
         start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
 
-        def build(params, losses):
-            status, trace = round_convergence(
+        def judged(params, losses):
+            """(status, trace) of the run so far: each round is judged by this alone, without a Posterior."""
+            return round_convergence(
                 losses, self.steps, config.budget, moved=_moved(start, params), stochastic=config.batch_size is not None,
                 **gradient_evidence(objective, problem, params, run_key, start_norm),
             )
+
+        def build(params, losses):
+            status, trace = judged(params, losses)
             return Posterior(
                 method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], status=status,
                 trace=trace, info={"optimizer": config.optimizer, **tuned}, approximation=PointMass(params),
@@ -833,7 +844,7 @@ class MAP(Method):
 
         result = minimize(
             objective, config, problem, start, run_key, learning_rate=self.learning_rate, label="map",
-            session=session, build=build, judge=lambda params, losses: build(params, losses).status.converged,
+            session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
         )
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state

@@ -421,19 +421,24 @@ class SVI(Method):
             # by its full-batch gradient as map does.
             start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
 
-        def build(params, losses):
-            family = guide.family(params)
-            flat = draw(family, draw_key, 1 if family.kind == "point" else self.num_draws)
-            judged = {"moved": _moved(start, params)}
+        def judged(params, losses):
+            """(status, trace) of the run so far: each round is judged by this alone, without drawing
+            from the guide or building a Posterior."""
+            evidence = {"moved": _moved(start, params)}
             if delta:
-                judged.update(gradient_evidence(objective, problem, params, run_key, start_norm))
+                evidence.update(gradient_evidence(objective, problem, params, run_key, start_norm))
             elif not problem.local_sites:
                 # (A VAE's networks are judged on their loss curve alone: a network trained by Adam
                 # is never at a stationary point to this precision, nor is it meant to be.)
-                judged["stationary"] = stationarity(
+                evidence["stationary"] = stationarity(
                     objective, problem, params, check_key, loss_scale=float(np.mean(losses[-10:])) if len(losses) else 1.0
                 )
-            status, trace = round_convergence(losses, self.steps, config.budget, **judged)
+            return round_convergence(losses, self.steps, config.budget, **evidence)
+
+        def build(params, losses):
+            family = guide.family(params)
+            flat = draw(family, draw_key, 1 if family.kind == "point" else self.num_draws)
+            status, trace = judged(params, losses)
             if self.kl_warmup:
                 trace = trace._replace(kl_warmup=int(self.kl_warmup))
             posterior = Posterior(
@@ -449,7 +454,7 @@ class SVI(Method):
         result = minimize(
             objective, config, problem, start, run_key, learning_rate=self.learning_rate,
             label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
-            judge=lambda params, losses: build(params, losses).status.converged,
+            judge=lambda params, losses: judged(params, losses)[0].converged,
         )
         posterior = build(result.params, result.losses)
         posterior.resume_state = result.resume_state
