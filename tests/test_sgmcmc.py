@@ -213,3 +213,25 @@ def test_an_extension_after_a_failed_r_hat_leaves_the_start_out(linear_model, li
     # bulk ESS ≥ 400 bounds the mean's Monte Carlo error by 0.05 sd; 0.3 sd is the broken-input
     # property test's bar for a result marked ok
     assert post.diagnostics().ok and np.all(np.abs(draws.mean(axis=0) - linear_truth["mean"]) <= 0.3 * sd)
+
+
+def test_the_frame_holds_the_noise_scales_curvature():
+    # The GGN covers the network's outputs only; a regression's log σ has likelihood curvature
+    # 2 Σ r²/σ² ≈ 2N, which the frame must carry (without it, the whitened curvature on UCI boston
+    # was 43,000 along log σ alone, and every step that small)
+    from ppl.inference._curvature import network_mask
+    from ppl.inference.sgmcmc import _curvature_at
+    from ppl.models import BNN
+
+    data = ppl.datasets.load("sinusoid", seed=0)
+    problem = ppl.fit(BNN(hidden=(4,)), data.train, method="map", seed=0, steps=50, prior_precision=None).problem
+    u = problem.init_position(jax.random.PRNGKey(1), "prior")
+    noise = np.flatnonzero(~network_mask(problem))
+    assert noise.size == 1
+    exact = -np.asarray(jax.jit(jax.hessian(problem.logdensity_fn))(u))
+    frame = np.asarray(_curvature_at(problem, u, jax.random.PRNGKey(0), True))
+    j = int(noise[0])
+    assert frame[j, j] == pytest.approx(exact[j, j], rel=1e-4) and exact[j, j] > 10.0
+    # the network's block is still the GGN's (unchanged)
+    weights = np.flatnonzero(network_mask(problem))
+    assert np.all(np.diag(frame)[weights] > 0)
