@@ -9,9 +9,9 @@ default options:
 
 - MAP: ``method="map"`` (full-batch L-BFGS), plug-in prediction;
 - Laplace: ``method="laplace"``; its defaults resolve to ``subset="last_layer"`` and
-  ``hessian="kfac"`` for a BNN, with the model's own N(0, 1) prior as the prior precision;
+  ``hessian="full"`` (the exact GGN of the last layer's 808 weights) for a BNN, with the model's own N(0, 1) prior as the prior precision;
 - deep ensemble: ``method="ensemble"`` (5 MAPs from 5 prior draws);
-- MoLA: ``method="mola"`` (a uniform mixture of 5 last-layer K-FAC Laplace approximations, one
+- MoLA: ``method="mola"`` (a uniform mixture of 5 last-layer Laplace approximations, one
   around each of 5 MAPs).
 
 ``ppl.compare`` predicts every method with ``mode="mc"`` (the stored draws pushed through the

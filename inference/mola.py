@@ -36,8 +36,8 @@ class MoLA(Method):
 
     ``hessian``, ``prior_precision`` (as for ``map``: ``"auto"`` tunes a regression network's prior
     and learned σ by the evidence once, for all members; None: the model's prior) and
-    ``rank`` are those of ``laplace`` (``hessian="auto"``: K-FAC for dense networks, the full GGN of
-    the last layer for a user's ``Network``); ``steps`` bounds each member's L-BFGS iterations.
+    ``rank`` are those of ``laplace`` (``hessian="auto"``: the exact GGN of the last layer up to
+    ``laplace.FULL_MAX`` weights, K-FAC above); ``steps`` bounds each member's L-BFGS iterations.
     """
 
     name = "mola"

@@ -77,6 +77,21 @@ def test_ggn_equals_the_hessian_of_a_linear_gaussian_model(linear_model, linear_
     np.testing.assert_allclose(np.asarray(ggn + jnp.diag(prior)), np.asarray(curvature.hessian(problem, u)), atol=1e-10)
 
 
+def test_auto_hessian_is_the_exact_ggn_where_it_is_affordable():
+    """hessian="auto": the full GGN up to FULL_MAX free coordinates (a last layer, a small network),
+    K-FAC above, where a dense P × P matrix stops being cheap."""
+    from ppl.inference.laplace import FULL_MAX, Laplace
+
+    X, y = np.random.default_rng(0).normal(size=(20, 30)), np.arange(20) % 2
+    small = compile_problem(BNN(hidden=(8,), likelihood="bernoulli"), (X, y))
+    large = compile_problem(BNN(hidden=(50, 50), likelihood="bernoulli"), (X, y))  # 4151 weights
+    assert Laplace().structure(small) == ("last_layer", "full")
+    assert Laplace(subset="all").structure(small) == ("all", "full")
+    assert len(Laplace(subset="all").free_index(large)) > FULL_MAX
+    assert Laplace(subset="all").structure(large) == ("all", "kfac")
+    assert Laplace().structure(large) == ("last_layer", "full")  # its last layer: 51 coordinates
+
+
 def test_kfac_is_exact_for_one_datum_of_a_network():
     rng = np.random.default_rng(1)
     X, y = rng.normal(size=(1, 3)), np.array([2])
@@ -293,7 +308,7 @@ def cancer():
 @pytest.mark.slow  # out of the default run to keep it near 15 minutes; CI runs it in the slow step
 def test_probit_agrees_with_a_large_linearised_sample(cancer):
     data, model, map_post = cancer
-    post = ppl.fit(model, data.train, method="laplace", seed=0, init=map_post)  # last layer, K-FAC
+    post = ppl.fit(model, data.train, method="laplace", seed=0, init=map_post, hessian="kfac")
     assert post.info["subset"] == "last_layer" and post.info["hessian"] == "kfac"
     probit = post.predict(data.test.X, seed=1, mode="probit")
     sampled = post.predict(data.test.X, seed=1, mode="linearized", num_samples=10_000)
