@@ -259,10 +259,13 @@ def save_run(
     _write_run(Path(path), write, "the fitted result is still in memory", "call save again")
 
 
-def add_run_file(path, name: str, obj) -> None:
-    """Add one JSON file to a saved run (or replace it), as one unit: the run's other files are copied
-    unchanged after checking them against its manifest, so a reader sees the run with or without it."""
-    _check_extra_name(name)
+def add_run_files(path, files: dict) -> None:
+    """Add files to a saved run (or replace them), as one unit: ``files`` maps a name to bytes (a
+    figure) or to an object saved as JSON. The run's other files are copied unchanged after checking
+    them against its manifest, and the new ones join the manifest, so a reader sees the run with
+    all of them or none, and a later write into the run (``ppl calibrate``) keeps them."""
+    for name in files:
+        _check_extra_name(name)
     path = Path(path)
 
     def write(staging: Path) -> None:
@@ -270,11 +273,13 @@ def add_run_file(path, name: str, obj) -> None:
             if not snapshot.json(META).get("has_posterior"):
                 raise RunError(f"{path}: this folder holds a checkpoint with no draws yet; finish the run first")
             for existing in snapshot.manifest["files"]:
-                if existing != name:
+                if existing not in files:
                     (staging / existing).write_bytes(snapshot.file(existing))
-        (staging / name).write_bytes(_dump(obj))
+        for name, obj in files.items():
+            (staging / name).write_bytes(obj if isinstance(obj, bytes) else _dump(obj))
 
-    _write_run(path, write, f"the run is unchanged and {name} was not written", "try again")
+    _write_run(path, write, f"the run is unchanged and {', '.join(files)} {'was' if len(files) == 1 else 'were'} not written",
+               "try again")
 
 
 def _check_extra_name(name: str) -> None:

@@ -992,15 +992,21 @@ def _run_folder(path: Path) -> Path:
 
 
 def _plots(posterior, path: Path) -> list[str]:
-    """Write the run's figures into its folder."""
+    """Write the run's figures into its folder, as files of the run (its manifest lists them, so
+    that ``ppl calibrate`` and a later ``--plots`` keep or replace them)."""
+    import tempfile
+
+    from ppl import _io
     from ppl.diagnostics.plots import write_plots
 
     # a plain program's run loads detached (its program is never imported): trace, rank and loss
     # plots come from the saved draws and records, the predictive needs the model
-    written = write_plots(posterior, path)
-    if not written:
+    with tempfile.TemporaryDirectory() as scratch:
+        figures = {p.name: p.read_bytes() for p in write_plots(posterior, scratch)}
+    if not figures:
         return ["figures: none applies to this run"]
-    return ["figures: " + ", ".join(str(p) for p in written)]
+    _io.add_run_files(path, figures)
+    return ["figures: " + ", ".join(str(path / name) for name in figures)]
 
 
 def _show(args) -> int:
@@ -1223,7 +1229,7 @@ def _predict(args) -> int:
         sets = calibration._sets_from(prediction, args.seed)
     else:
         prediction = calibration.predict(X, seed=args.seed)
-    columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration)
+    columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration if sets is not None else None)
     header = list(columns)
     rows = zip(*(columns[name] for name in header))
     import csv
@@ -1292,7 +1298,7 @@ def _calibrate(args) -> int:
         options = {} if result is not None else {"num_samples": args.num_samples}
         result = ppl.conformal(base, (X[second], y[second]), alpha=args.alpha, seed=args.seed, score=args.score, **options)
         lines.append(str(result))
-    _io.add_run_file(folder, CALIBRATION_FILE, calibration_record(result))
+    _io.add_run_files(folder, {CALIBRATION_FILE: calibration_record(result)})
     lines.append(f"saved to {folder / CALIBRATION_FILE}; ppl predict {folder} now applies it, and ppl show prints it")
     _print_lines([_safe(line) for line in lines])
     return 0

@@ -352,7 +352,7 @@ def test_a_saved_calibration_and_conformal_reload_and_predict_the_same(blobs, tm
                                           ("task", "regression"), ("kind", "platt"), ("extra", 1)])
 def test_an_edited_calibration_is_refused_naming_the_field(blobs, tmp_path, field, value):
     from ppl._calibrate import CALIBRATION_FILE, calibration_record
-    from ppl._io import add_run_file
+    from ppl._io import add_run_files
 
     post, cal, _ = blobs
     conf = ppl.conformal(post, cal, alpha=ALPHA, seed=1)
@@ -360,7 +360,7 @@ def test_an_edited_calibration_is_refused_naming_the_field(blobs, tmp_path, fiel
     record = calibration_record(conf)
     record[field] = value
     # written through the run's own writer, so the checksum matches and the field check is what refuses it
-    add_run_file(tmp_path / "run", CALIBRATION_FILE, record)
+    add_run_files(tmp_path / "run", {CALIBRATION_FILE: record})
     with pytest.raises(ppl.RunError, match=rf"calibration.json: .*'?{field if field != 'extra' else 'unexpected'}"):
         ppl.load_calibration(tmp_path / "run")
 
@@ -380,6 +380,10 @@ def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert main(["fit", "--model", "logistic", "--data", "train.csv", "--target", "answer", "--method", "map",
                  "--out", "run", "--no-progress"]) == 0
+    # figures that ppl show writes into the run belong to it: calibrate keeps them, a second --plots replaces them
+    for _ in range(2):
+        assert main(["show", "run", "--plots"]) == 0
+    assert {"loss.png", "predictive.png"} <= {p.name for p in (tmp_path / "run").iterdir()}
     before = {p.name for p in (tmp_path / "run").iterdir()}
     capsys.readouterr()
     assert main(["calibrate", "run", "--data", "cal.csv", "--alpha", "0.2", "--seed", "4"]) == 0
@@ -410,6 +414,16 @@ def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, 
     assert "conformal_set" not in (tmp_path / "raw.csv").read_text().splitlines()[0]
     assert main(["show", "run"]) == 0
     assert "calibration (ppl calibrate; ppl predict applies it): Split conformal prediction sets" in capsys.readouterr().out
+    # every documented combination of calibrate's options, each followed by predict (a temperature
+    # alone once crashed predict: it was read as a conformal calibration without an alpha)
+    for options in ([], ["--no-temperature", "--alpha", "0.1"], ["--alpha", "0.2", "--score", "lac"]):
+        assert main(["calibrate", "run", "--data", "cal.csv", "--seed", "4", *options]) == 0
+        capsys.readouterr()
+        assert main(["predict", "run", "--data", "new.csv", "--out", "c.csv"]) == 0, options
+        said = capsys.readouterr().out
+        header, *lines = (tmp_path / "c.csv").read_text().splitlines()
+        assert ("conformal_set" in header.split(",")) == ("--alpha" in options) and len(lines) == 300
+        assert ("conformal sets (target coverage" in said) == ("--alpha" in options)
     # what cannot be calibrated says why and what to do instead
     capsys.readouterr()
     assert main(["calibrate", "run", "--data", "breast_cancer"]) == 2
