@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ppl._errors import MemoryBudgetError, OptionError
+from ppl._errors import MemoryBudgetError, OptionError, did_you_mean
 
 __all__ = [
     "Method",
@@ -93,7 +93,8 @@ class Method:
         """Convert ``--set key=text`` to the option's declared type."""
         hints = typing.get_type_hints(cls)
         if key not in hints:
-            raise OptionError(f"{cls.name} has no option {key!r}; valid options: {', '.join(cls.option_defaults())}")
+            raise OptionError(f"{cls.name} has no option {key!r}{did_you_mean(key, cls.option_defaults())}; valid options: "
+                              f"{', '.join(cls.option_defaults())}")
         return parse_value(text, hints[key], f"{cls.name} option {key}")
 
     def as_dict(self) -> dict:
@@ -166,7 +167,8 @@ def check_init_posterior(method: str, init, problem, what: str, kinds: tuple = (
 
 def check_choice(method: str, option: str, value, choices) -> None:
     if value not in choices:
-        raise OptionError(f"{method}: {option}={value!r} is not one of {', '.join(map(repr, choices))}")
+        raise OptionError(f"{method}: {option}={value!r} is not one of {', '.join(map(repr, choices))}"
+                          f"{did_you_mean(value, choices)}")
 
 
 def check_positive_int(method: str, option: str, value, allow_zero: bool = False) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from ppl._errors import OptionError
+from ppl._errors import OptionError, did_you_mean
 
 __all__ = ["METHODS", "get", "create", "describe"]
 
@@ -33,7 +33,7 @@ METHODS = {
 def get(name: str):
     """The method class registered as ``name``."""
     if name not in METHODS:
-        raise OptionError(f"unknown method {name!r}; valid methods: {', '.join(sorted(METHODS))}")
+        raise OptionError(f"unknown method {name!r}{did_you_mean(name, METHODS)}; valid methods: {', '.join(sorted(METHODS))}")
     module, cls = METHODS[name].split(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -45,7 +45,8 @@ def create(name: str, options: dict):
     unknown = sorted(set(options) - set(valid))
     if unknown:
         raise OptionError(
-            f"method {name!r} has no option(s) {', '.join(map(repr, unknown))}; valid options: "
+            f"method {name!r} has no option(s) {', '.join(map(repr, unknown))}"
+            f"{''.join(did_you_mean(k, valid) for k in unknown)}; valid options: "
             + ", ".join(f"{k}={v!r}" for k, v in valid.items())
         )
     from ppl.inference._base import check_option_types

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl._errors import DataError, OptionError, ResumeError
+from ppl._errors import DataError, OptionError, ResumeError, did_you_mean
 
 __all__ = ["compare", "Comparison", "ComparisonInterrupted"]
 
@@ -280,7 +280,8 @@ def _chosen_methods(model, train, methods, reference, options) -> dict:
         unknown = [m for m in methods if m not in registry.METHODS]
         if unknown:
             raise OptionError(
-                f"unknown method(s) {', '.join(map(repr, unknown))}; valid methods: {', '.join(sorted(registry.METHODS))}"
+                f"unknown method(s) {', '.join(map(repr, unknown))}{''.join(did_you_mean(m, registry.METHODS) for m in unknown)}; "
+                f"valid methods: {', '.join(sorted(registry.METHODS))}"
             )
         if len(set(methods)) != len(methods):
             raise OptionError(f"methods lists a method twice: {methods}")

@@ -5,6 +5,19 @@ from __future__ import annotations
 __all__ = ["DataError", "OptionError", "NonFiniteError", "MemoryBudgetError", "RunError", "ResumeError"]
 
 
+def did_you_mean(given, choices) -> str:
+    """``" (did you mean 'nuts'?)"`` when ``given`` is a near miss of one of ``choices`` (a misspelt
+    name), else ``""``: appended to an error that lists the valid names."""
+    import difflib
+
+    if not isinstance(given, str):
+        return ""
+    names = [str(c) for c in choices]
+    lowered = {name.lower(): name for name in names}
+    close = difflib.get_close_matches(given.lower(), list(lowered), n=1, cutoff=0.6)
+    return f" (did you mean {lowered[close[0]]!r}?)" if close else ""
+
+
 class DataError(ValueError):
     """The data handed to ``ppl.fit``/``ppl.evaluate`` is unusable; raised before any tracing."""
 

@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 
 from ppl._cache import CACHE_ENV, use_compilation_cache
-from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
+from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError, did_you_mean
 
 MODELS = ("linear", "logistic", "bnn", "vae")
 TASKS = ("regression", "classification")
@@ -27,8 +27,20 @@ class UsageError(Exception):
     """Bad command-line input: reported on stderr, exit status 2, nothing written."""
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a "did you mean" for a misspelt choice (a model, a subcommand, a score)."""
+
+    def error(self, message):
+        import re
+
+        found = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if found:
+            message += did_you_mean(found.group(1), re.findall(r"'([^']*)'", found.group(2)) or found.group(2).split(", "))
+        super().error(message)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ppl", description="Bayesian inference for neural-network weights.")
+    parser = _Parser(prog="ppl", description="Bayesian inference for neural-network weights.")
     parser.add_argument("--version", action="version", version=f"ppl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     fit = sub.add_parser("fit", help="fit a model, print diagnostics and test metrics, save the run")
@@ -226,6 +238,7 @@ def _split_settings(settings: list[str], model_cls, method_cls, prefix: str = ""
             raise UsageError(
                 f"--set {key}: not an option of {model_cls.__name__} ({', '.join(sorted(model_fields - {'prior'}))}) "
                 f"nor of method {method_cls.name!r} ({', '.join(sorted(method_fields))})"
+                f"{did_you_mean(key, sorted(model_fields - {'prior'}) + sorted(method_fields))}"
             )
     return model_opts, method_opts
 
@@ -254,7 +267,8 @@ def _load_data(args):
             args.target = data.target  # recorded in invocation.json, so a resume reads the same column
         return data
     if args.data not in datasets.names():
-        raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
+        raise UsageError(f"--data {args.data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz "
+                         f"file{did_you_mean(args.data, datasets.names())}")
     split = getattr(args, "split", None)
     if split is not None and args.data not in datasets.UCI_FOLDERS:
         raise UsageError(f"--split {split}: only the UCI sets ({', '.join(datasets.UCI_FOLDERS)}) have canonical splits; "
@@ -369,8 +383,9 @@ def _compare(args) -> int:
         else:
             if key not in {f.name for f in dataclasses.fields(_model_class(args.model))}:
                 raise UsageError(
-                    f"--set {item!r}: {key!r} is not an option of the model; a method's option takes its name "
-                    f"first, as in --set nuts.num_chains=2"
+                    f"--set {item!r}: {key!r} is not an option of the model"
+                    f"{did_you_mean(key, [f.name for f in dataclasses.fields(_model_class(args.model))])}; a method's "
+                    "option takes its name first, as in --set nuts.num_chains=2"
                 )
             model_settings.append(item)
     model_opts, _ = _split_settings(model_settings, _model_class(args.model), registry.get("map"))
@@ -379,8 +394,9 @@ def _compare(args) -> int:
         cls = registry.get(method)
         unknown = [i for i in items if "=" in i and i.split("=", 1)[0] not in cls.option_defaults()]
         if unknown:
+            key = unknown[0].split("=", 1)[0]
             raise UsageError(f"--set {method}.{unknown[0]}: not an option of method {method!r} "
-                             f"({', '.join(sorted(cls.option_defaults()))})")
+                             f"({', '.join(sorted(cls.option_defaults()))}){did_you_mean(key, cls.option_defaults())}")
         options[method] = _split_settings(items, _model_class(args.model), cls, prefix=f"{method}.")[1]
     if args.model == "vae":
         raise UsageError("ppl compare scores test predictions; a VAE has none — compare VAEs with ppl fit and their "
@@ -746,7 +762,7 @@ def _fit(args) -> int:
         with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
     _print_lines([
-        *_what_ran(args.method, posterior.options, args.seed, posterior.provenance),
+        *_what_ran(args.method, posterior.options, args.seed, posterior.provenance, posterior.info),
         *_loo_up_front(args.model, getattr(model, "likelihood", None)),
         diagnostics.table(),
         *_metrics_lines(record),
@@ -886,9 +902,19 @@ def _scaling_text(data: dict) -> str | None:
     return f"{' and '.join(parts)} standardised with the training split's mean and sd"
 
 
-def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
-    """Lines saying what ran: the model with its settings, the data, the method with its options,
-    the seed and the package versions."""
+def _shown_option(key: str, value, info: dict) -> str:
+    """``key=value``, and for a choice left to the method (``"auto"``, None) what the run chose when
+    its record says (``hessian='full' (from 'auto')``)."""
+    chosen = info.get(key)
+    if (value == "auto" or value is None) and isinstance(chosen, (str, int, float)) and not isinstance(chosen, bool) \
+            and chosen != value:
+        return f"{key}={chosen!r} (from {value!r})"
+    return f"{key}={value!r}"
+
+
+def _what_ran(method: str, options: dict, seed, provenance: dict, info: dict | None = None) -> list[str]:
+    """Lines saying what ran: the model with its settings, the data, the method with its options
+    (with the choices it resolved, from the run's ``info``), the seed and the package versions."""
     data = provenance.get("data") or {}
     source = data.get("source")
     rows = data.get("rows")
@@ -900,7 +926,7 @@ def _what_ran(method: str, options: dict, seed, provenance: dict) -> list[str]:
         described += f"; target column {data['target']!r}"
     if _scaling_text(data):
         described += f"; {_scaling_text(data)}"
-    shown_options = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    shown_options = ", ".join(_shown_option(k, v, info or {}) for k, v in options.items())
     versions = ", ".join(f"{k} {v}" for k, v in (provenance.get("versions") or {}).items())
     replaced = []
     if provenance.get("declared_model"):
@@ -1048,7 +1074,7 @@ def _show(args) -> int:
     sites = ", ".join(f"{name}{tuple(shape)}" for name, shape, _ in meta["sites"])
     lines = [
         f"{path}: {meta['method']} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, status {status}",
-        *_what_ran(meta["method"], meta["options"], meta["seed"], provenance),
+        *_what_ran(meta["method"], meta["options"], meta["seed"], provenance, meta["info"]),
         f"  sites     {sites}",
     ]
     if meta["deterministic"]:
@@ -1193,7 +1219,8 @@ def _raw_rows(data: str, posterior, prep: dict, command: str):
             y = y * ds.target_std + ds.target_mean
         described = f"the test split of {data} ({picked}): {len(raw)} rows"
     else:
-        raise UsageError(f"--data {data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz file")
+        raise UsageError(f"--data {data!r} is neither a dataset ({', '.join(datasets.names())}) nor a .csv/.npz "
+                         f"file{did_you_mean(data, datasets.names())}")
     if prep["mean"] is None:
         X = raw
         described += "; the run records no input scaling (fitted through the API), so rows are used as they are"

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from ppl._data import Split, check_finite, validate_supervised
-from ppl._errors import DataError
+from ppl._errors import DataError, did_you_mean
 
 __all__ = ["Dataset", "Split", "load", "load_file", "read_rows", "names", "DESCRIPTIONS", "rotate_images", "UCI_FOLDERS",
            "DATA_DIR_VARIABLE"]
@@ -217,7 +217,7 @@ def _raw(name: str, seed: int):
         w, b = rng.standard_normal(dim), float(rng.standard_normal())
         y = X @ w + b + noise * rng.standard_normal(X.shape[0])
         return X, y, "regression", {"truth": {"w": w, "b": b, "noise_scale": noise}, "keep_inputs": True}
-    raise DataError(f"unknown dataset {name!r}; available: {', '.join(DESCRIPTIONS)}")
+    raise DataError(f"unknown dataset {name!r}{did_you_mean(name, DESCRIPTIONS)}; available: {', '.join(DESCRIPTIONS)}")
 
 
 def _moons(count: int, noise: float, seed: int) -> tuple[np.ndarray, np.ndarray]:

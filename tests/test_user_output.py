@@ -74,6 +74,7 @@ def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path
     assert "model     BNN(hidden=(4,), activation='relu', likelihood='categorical', prior_scale=1.0" in text
     assert "data      iris: 120 training rows, 30 test rows" in text
     assert "method    map(steps=2000" in text and "seed      0" in text
+    assert "optimizer='lbfgs' (from 'auto')" in text  # what the run chose, not only what was asked
     assert "jax " in text and "numpyro " in text and "python " in text
     assert "note: for a BNN classifier PSIS-LOO is unreliable" in text  # said up front
     # no line is wrapped mid-sentence: every warning and note is one line
@@ -83,7 +84,16 @@ def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path
     shown = _ppl("show", "runs/iris-bnn-map-seed0/summary.json", cwd=tmp_path)  # a file inside the run
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[-1] == lines[-1]
-    assert "model     BNN(hidden=(4,)" in shown.stdout
+    assert "model     BNN(hidden=(4,)" in shown.stdout and "optimizer='lbfgs' (from 'auto')" in shown.stdout
+
+
+def test_what_ran_names_the_choices_a_method_resolved():
+    from ppl.cli import _what_ran
+
+    lines = _what_ran("laplace", {"subset": "auto", "hessian": "auto", "rank": 20, "batch_size": None}, 0, {},
+                      {"subset": "last_layer", "hessian": "full", "rank": 5})
+    method = next(line for line in lines if line.startswith("  method"))
+    assert method == "  method    laplace(subset='last_layer' (from 'auto'), hessian='full' (from 'auto'), rank=20, batch_size=None)"
 
 
 # -- runs never overwrite each other ---------------------------------------------------------------
@@ -247,3 +257,39 @@ def test_show_plots_writes_the_figures_that_apply(tmp_path):
             assert f"{method}/{name}" in shown.stdout
             assert (tmp_path / method / name).read_bytes().startswith(b"\x89PNG")
         assert ppl.load(tmp_path / method).method == method  # the figures beside the run do not disturb it
+
+
+@pytest.mark.parametrize("argv, suggestion", [
+    (["fit", "--model", "bnn", "--data", "two_moon"], "two_moons"),
+    (["fit", "--model", "bnn", "--data", "two_moons", "--method", "nust"], "nuts"),
+    (["fit", "--model", "bnm", "--data", "two_moons"], "bnn"),
+    (["fitt"], "fit"),
+    (["fit", "--model", "bnn", "--data", "two_moons", "--method", "map", "--set", "stesp=3"], "steps"),
+    (["compare", "--set", "hiden=3"], "hidden"),
+    (["compare", "--set", "nuts.num_chain=2"], "num_chains"),
+    (["compare", "--methods", "map,lapalce"], "laplace"),
+])
+def test_a_misspelt_name_gets_a_suggestion_beside_the_valid_ones(argv, suggestion, capsys, tmp_path, monkeypatch):
+    from ppl.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        status = main(argv)
+    except SystemExit as stop:  # argparse's own errors
+        status = stop.code
+    assert status == 2 and not any(tmp_path.iterdir())
+    assert f"(did you mean {suggestion!r}?)" in capsys.readouterr().err
+
+
+def test_the_python_api_suggests_too():
+    from ppl._errors import DataError, OptionError
+    from ppl.models import BNN
+
+    with pytest.raises(DataError, match=r"did you mean 'two_moons'\?"):
+        ppl.datasets.load("two_moon", seed=0)
+    with pytest.raises(OptionError, match=r"did you mean 'nuts'\?"):
+        ppl.fit(BNN(), (np.zeros((4, 2)), np.zeros(4)), method="nust", seed=0)
+    with pytest.raises(OptionError, match=r"did you mean 'kfac'\?"):
+        ppl.fit(BNN(), (np.zeros((4, 2)), np.zeros(4)), method="laplace", seed=0, hessian="kfak")
+    with pytest.raises(OptionError, match=r"did you mean 'hessian'\?"):
+        ppl.fit(BNN(), (np.zeros((4, 2)), np.zeros(4)), method="laplace", seed=0, hesian="full")
