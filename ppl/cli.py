@@ -135,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     predict.add_argument("--level", type=float, default=0.9, help="central predictive interval (regression; default 0.9)")
     predict.add_argument("--uncalibrated", action="store_true",
                          help="ignore the calibration that ppl calibrate saved in the run")
+    predict.add_argument("--keep-columns", metavar="NAMES",
+                         help="copy these columns of the --data CSV (comma-separated names, or 'all'), verbatim, in "
+                         "front of the predictions, so that they can be joined back (an id column, say)")
     calib = sub.add_parser(
         "calibrate",
         help="fit a temperature (classifiers) and, with --alpha, split-conformal sets or intervals to a saved run on "
@@ -1186,6 +1189,33 @@ def _supervised_run(folder: Path, command: str, extra: str | None = None):
     return posterior, _preparation(posterior.provenance.get("data") or {}, num_features, folder), file
 
 
+def _kept_columns(data: str, names: str | None, num_rows: int) -> dict:
+    """{name: the column's cells as written} of ``--keep-columns`` from the ``--data`` CSV."""
+    if names is None:
+        return {}
+    if Path(data).suffix != ".csv":
+        raise UsageError(f"--keep-columns copies columns of a .csv file; --data {data} is not one (a .npz file or a "
+                         "dataset's test split has no columns beyond its inputs)")
+    import csv
+
+    try:
+        with open(data, newline="", encoding="utf-8-sig") as handle:
+            records = list(csv.reader(handle))
+    except (OSError, UnicodeDecodeError, csv.Error) as error:
+        raise UsageError(f"--keep-columns: {data} cannot be read again ({error})") from None
+    header = [cell.strip() for cell in records[0]] if records else []
+    wanted = header if names.strip() == "all" else [name.strip() for name in names.split(",") if name.strip()]
+    missing = [name for name in wanted if name not in header]
+    if missing or not wanted:
+        raise UsageError(f"--keep-columns: {data} has no column {', '.join(map(repr, missing)) or 'named'}"
+                         f"{''.join(did_you_mean(name, header) for name in missing)}; its columns are "
+                         f"{', '.join(header)} (or give 'all')")
+    rows = [record for record in records[1:] if record]  # blank lines are skipped, as in reading the inputs
+    if len(rows) != num_rows:
+        raise UsageError(f"--keep-columns: {data} has {len(rows)} rows with cells, but {num_rows} were predicted")
+    return {name: [row[header.index(name)] if header.index(name) < len(row) else "" for row in rows] for name in wanted}
+
+
 def _raw_rows(data: str, posterior, prep: dict, command: str):
     """(X prepared as the training rows were, y in raw units or None, a description) of ``--data``:
     a .csv/.npz file of raw rows, or (ppl predict only) a dataset name for its test split."""
@@ -1238,6 +1268,7 @@ def _predict(args) -> int:
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must lie in (0, 1), got {args.level}")
     X, y, described = _raw_rows(args.data, posterior, prep, "predict")
+    kept = _kept_columns(args.data, args.keep_columns, len(X))
     calibration = None
     if record is not None and not args.uncalibrated:
         calibration = calibration_from_record(posterior, record, f"{folder}/{CALIBRATION_FILE}")
@@ -1257,6 +1288,11 @@ def _predict(args) -> int:
     else:
         prediction = calibration.predict(X, seed=args.seed)
     columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration if sets is not None else None)
+    clash = sorted(set(kept) & set(columns))
+    if clash:
+        raise UsageError(f"--keep-columns: {', '.join(map(repr, clash))} would repeat the name of a prediction column; "
+                         "rename that column in the file, or leave it out")
+    columns = {**kept, **columns}
     header = list(columns)
     rows = zip(*(columns[name] for name in header))
     import csv

@@ -410,7 +410,8 @@ def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, 
     assert "conformal_set" in header.split(",")
     sets = [line.split(",")[header.split(",").index("conformal_set")] for line in lines]
     assert set(sets) <= {"", "no", "yes", "no|yes"} and len(lines) == 300
-    assert main(["predict", "run", "--data", "new.csv", "--out", "raw.csv", "--uncalibrated"]) == 0
+    assert main(["predict", "run", "--data", "new.csv", "--out", "raw.csv", "--uncalibrated", "--keep-columns", "x2"]) == 0
+    assert (tmp_path / "raw.csv").read_text().splitlines()[1].split(",")[0] == (tmp_path / "new.csv").read_text().splitlines()[1].split(",")[1]
     assert "conformal_set" not in (tmp_path / "raw.csv").read_text().splitlines()[0]
     assert main(["show", "run"]) == 0
     assert "calibration (ppl calibrate; ppl predict applies it): Split conformal prediction sets" in capsys.readouterr().out

@@ -195,6 +195,13 @@ def test_predict_raw_csv_rows_as_training_prepared_them(tmp_path):
     # (the command ran in float32, this process runs float64; the CSV keeps 6 digits)
     np.testing.assert_allclose(probs, expected, rtol=1e-4, atol=1e-6)
     assert [line.split(",")[2] for line in lines] == [["no", "yes"][i] for i in expected.argmax(axis=1)]
+    # columns of the file copied in front of the predictions, verbatim, to join them back
+    kept = _ppl("predict", "run", "--data", "new.csv", "--out", "kept.csv", "--keep-columns", "note,x1", cwd=tmp_path)
+    assert kept.returncode == 0, kept.stderr
+    header, *copied = (tmp_path / "kept.csv").read_text().splitlines()
+    assert header.split(",")[:3] == ["note", "x1", "p_no"] and [r.split(",")[:2] for r in copied] == [
+        ["7", f"{a:.4f}"] for a in x1[:5]]
+    assert "did you mean 'note'" in _ppl("predict", "run", "--data", "new.csv", "--keep-columns", "nte", cwd=tmp_path).stderr
     # rows with the target column are scored too; a label training never saw is an error
     (tmp_path / "scored.csv").write_text("x1,x2,answer\n" + "\n".join(rows[:10]))
     scored = _ppl("predict", "run", "--data", "scored.csv", cwd=tmp_path)
