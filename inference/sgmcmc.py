@@ -758,6 +758,12 @@ class SGLD(_SGMCMC):
     name: ClassVar[str] = "sgld"
     description: ClassVar[str] = "stochastic gradient Langevin dynamics on minibatches (BlackJAX kernel), several chains"
 
+    # 50 steps per stored draw, as sghmc: at a step stable where the posterior is sharpest the chains
+    # diffuse, a draw a few steps on is nearly the same draw, and every stored draw costs a function
+    # evaluation in the checks. On the main job's BNN 5 steps per draw stopped at function-space
+    # R-hat 1.79 (bulk ESS 6); 50 pass (R-hat 1.006, ESS 790, within total variation 0.001 of NUTS).
+    thinning: int = 50
+
     def _transition(self, problem, white, batch, state, key, step, index):
         z, extra = state
         rows_key, noise_key = jax.random.split(key)
