@@ -275,7 +275,8 @@ class Laplace(Method):
             info.update(marglik_info)
         subset, hessian = self.structure(target)
         index = self.free_index(target)
-        family, log_evidence = laplace_gaussian(target, u, index, hessian, self.rank, curve_key)
+        family, log_evidence, centring = centred_gaussian(target, u, index, hessian, self.rank, curve_key)
+        info.update(centring)
         info.update(
             hessian=hessian,
             subset=subset if isinstance(subset, str) else f"mask of {len(index)} parameters",
@@ -452,6 +453,57 @@ def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tu
 
 
 # -- the Gaussian at a mode -----------------------------------------------------------------------------
+NEWTON_STEPS = 4  # re-centrings of the Gaussian at most
+NEWTON_TOL = 0.05  # posterior sds: a Newton step shorter than this leaves the Gaussian where it is
+
+
+def centred_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
+    """(Gaussian, log evidence or None, info): the Laplace Gaussian over ``index``, centred at the
+    mode of the posterior of those coordinates given the others, which a MAP search stops short of.
+
+    From the Gaussian at ``u``, Newton steps δ = Σ ∇log p̃ (Σ the Gaussian's own covariance, zero
+    outside ``index``) re-centre it until a step is shorter than ``NEWTON_TOL`` posterior sds,
+    each accepted only where it raises log p̃ (halved up to three times, else the search stops).
+    For a last layer under a Gaussian or Bernoulli likelihood the GGN is the exact Hessian of that
+    conditional, so one step lands on its mode. Measured on UCI boston split 0: the tuned MAP
+    (gradient norm 287) sat 2.6 sds of the last layer's conditional posterior off its mode, and
+    k-hat, against that conditional, was 1.0; log p − log q was linear in the draws to 1e-9.
+    ``info``: ``mode_shift_sd``, the first step's length in posterior sds, and ``newton_steps``."""
+    family, log_z = laplace_gaussian(problem, u, index, hessian, rank, key)
+    first, steps = None, 0
+    for _ in range(NEWTON_STEPS):
+        step, length, value = _newton_step(problem, family)
+        length = float(length)
+        first = length if first is None else first
+        if not np.isfinite(length) or length <= NEWTON_TOL:
+            break
+        for fraction in (1.0, 0.5, 0.25, 0.125):
+            moved = u + fraction * step
+            if float(_log_density(problem, moved)) > float(value):
+                break
+        else:
+            break
+        u, steps = moved, steps + 1
+        family, log_z = laplace_gaussian(problem, u, index, hessian, rank, key)
+    return family, log_z, {"mode_shift_sd": first, "newton_steps": steps}
+
+
+@jax.jit
+def _newton_step(problem, family):
+    """(Σ ∇log p̃ at the Gaussian's mean, that step's length in posterior sds √(gᵀΣg), log p̃ there).
+    Σ g = L (Lᵀ g) with L the operator's noise transform (linear, so Lᵀ is its transpose by VJP)."""
+    value, gradient = jax.value_and_grad(problem.logdensity_fn)(family.loc)
+    transform = family.cov.transform_noise
+    _, transpose = jax.vjp(transform, jnp.zeros(family.cov.noise_dim, family.loc.dtype))
+    white = transpose(gradient.astype(family.loc.dtype))[0]
+    return transform(white), jnp.sqrt(jnp.sum(jnp.square(white))), value
+
+
+@jax.jit
+def _log_density(problem, u):
+    return problem.logdensity_fn(u)
+
+
 def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
     """(Gaussian, log evidence or None) at mode ``u`` over the coordinates ``index``.
 

@@ -25,7 +25,7 @@ from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference.laplace import Laplace, _stationarity, laplace_gaussian
+from ppl.inference.laplace import Laplace, _stationarity, centred_gaussian
 
 __all__ = ["MoLA"]
 
@@ -90,13 +90,15 @@ class MoLA(Method):
         keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)
         hessian = laplace.structure(target)[1]
-        components, evidences, norms, failed = [], [], [], []
+        components, evidences, norms, failed, shifts = [], [], [], [], []
         for m in range(self.num_members):
             status, _, judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
             norms.append(judged["map_gradient_norm"])
             if not status.converged:
                 failed.append(f"member {m}: {status.convergence}")
-            family, log_z = laplace_gaussian(target, modes[m], index, hessian, self.rank, jax.random.fold_in(curve_key, m))
+            family, log_z, centring = centred_gaussian(target, modes[m], index, hessian, self.rank,
+                                                       jax.random.fold_in(curve_key, m))
+            shifts.append(centring["mode_shift_sd"])
             components.append(family)
             evidences.append(np.nan if log_z is None else log_z)
         mixture = Mixture(tuple(components), jnp.full(self.num_members, -math.log(self.num_members), target.init_params.dtype))
@@ -108,6 +110,7 @@ class MoLA(Method):
             "num_free": int(len(index)),
             "member_log_evidence": np.asarray(evidences),
             "member_gradient_norm": np.asarray(norms),
+            "member_mode_shift_sd": np.asarray(shifts, dtype=float),
             **tuned,
         }
         flat = draw(mixture, draw_key, self.num_draws)

@@ -614,3 +614,24 @@ def test_a_mode_at_a_kink_is_stationary_for_laplace_as_for_map():
     post = ppl.fit(program, data, method="laplace", seed=0, init=mode, num_draws=100)
     assert post.status.converged and "kink" in post.status.convergence
     assert post.info["map_gradient_norm"] > 0.5
+
+
+def test_a_mode_left_short_is_recentred_on_the_last_layer_s_conditional_mode():
+    """A MAP search stopped early leaves the last layer off its conditional mode; the Laplace
+    Gaussian is re-centred by Newton steps with its own covariance. Under a Gaussian likelihood with
+    σ fixed, the last layer's conditional posterior is exactly Gaussian with the GGN as its
+    precision: after one step the Gaussian is that posterior (log p − log q constant: k-hat −inf),
+    where left at the early MAP its log ratio is linear in the draws and k-hat fails."""
+    from ppl.inference.laplace import NEWTON_TOL
+
+    data = ppl.datasets.load("sinusoid", seed=0)
+    model = BNN(hidden=(16,), noise_scale=0.2)
+    early = ppl.fit(model, data.train, method="map", seed=0, steps=20, max_steps=20)
+    post = ppl.fit(model, data.train, method="laplace", seed=0, init=early, prior_precision=None)
+    assert post.info["mode_shift_sd"] > 1.0 and post.info["newton_steps"] >= 1
+    q = post.approximation
+    index = np.asarray(q.active_index)
+    gradient = jax.grad(post.problem.logdensity_fn)(q.loc)[index]
+    covariance = np.asarray(q.covariance())[np.ix_(index, index)]
+    assert float(np.sqrt(gradient @ covariance @ gradient)) <= NEWTON_TOL
+    assert post.diagnostics().khat == float("-inf")
