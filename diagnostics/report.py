@@ -666,15 +666,16 @@ def to_inference_data(posterior):
     """ArviZ InferenceData: posterior, sample_stats, log_likelihood, observed_data and, for a
     supervised model from ppl.models, posterior_predictive (one replicate of the training targets per
     draw, so ``az.plot_ppc`` works); named dims. An ensemble's members are exported as the draws of
-    one chain (they are separate optima, not chains)."""
+    one chain (they are separate optima, not chains). Independent draws of a fitted q (svi, laplace,
+    swag, mola, exact) are split into ``EXPORT_CHAINS`` chains, so that ArviZ's summary computes ESS
+    and MCSE instead of warning that one chain is too few; the posterior group's ``ppl_draws``
+    attribute says what the draws are and which diagnostics apply."""
     problem, chain_stats = posterior.problem, posterior.chain_stats
-    if posterior.kind == "members":
-        def layout(array):
-            array = np.asarray(array)
-            return array.reshape(1, -1, *array.shape[2:])
-    else:
-        def layout(array):
-            return np.asarray(array)
+    chains, note = _export_layout(posterior)
+
+    def layout(array):
+        array = np.asarray(array)
+        return array.reshape(chains, -1, *array.shape[2:])
     stats = {}
     if chain_stats is not None:
         # ArviZ's names for the per-transition statistics (chain, draw)
@@ -690,7 +691,7 @@ def to_inference_data(posterior):
     # sites are summed per datum.
     loglik = posterior.pointwise_log_likelihood()
     name = problem.spec.observed[0] if len(problem.spec.observed) == 1 else "joint"
-    return _arviz.inference_data(
+    data = _arviz.inference_data(
         posterior={site: layout(value) for site, value in posterior.draws.items()},
         sample_stats=stats,
         log_likelihood={} if loglik is None else {name: layout(loglik)},
@@ -698,6 +699,29 @@ def to_inference_data(posterior):
         observed_data=observed,
         dims=_dims(posterior, name),
     )
+    data.posterior.attrs.update({"ppl_method": posterior.method, "ppl_draws": note})
+    return data
+
+
+EXPORT_CHAINS = 4  # the chains that independent draws are split into for ArviZ
+
+
+def _export_layout(posterior) -> tuple:
+    """(chains to export, what the draws are and which of ArviZ's diagnostics apply to them)."""
+    total = posterior.num_chains * posterior.num_draws
+    if posterior.kind == "chains":
+        return posterior.num_chains, (f"{posterior.num_chains} Markov chains of {posterior.num_draws} draws: R-hat, ESS "
+                                      "and MCSE apply (for a network, to its outputs rather than its weights)")
+    if posterior.kind == "members":
+        return 1, (f"{total} separately trained optima, exported as the draws of one chain: their spread is the "
+                   "ensemble's, and R-hat, ESS and MCSE do not apply")
+    if posterior.kind == "point" or total < 2 * EXPORT_CHAINS:
+        return posterior.num_chains, "a point estimate (or too few draws): no spread to diagnose"
+    chains = EXPORT_CHAINS if total % EXPORT_CHAINS == 0 else (2 if total % 2 == 0 else 1)
+    return chains, (f"{total} independent draws of the fitted approximation q ({posterior.method}), split into "
+                    f"{chains} chains of {total // chains} so that ESS and MCSE apply; R-hat of independent draws is 1 "
+                    "by construction and says nothing about how well q fits the posterior: PSIS k-hat does (ppl's "
+                    "diagnostics; sample_stats.log_ratio holds log p − log q per draw)")
 
 
 def _replicates(posterior) -> dict:

@@ -248,6 +248,25 @@ def test_the_export_has_a_posterior_predictive_and_ensembles_export_without_warn
         warnings.simplefilter("error")  # ArviZ's "more chains than draws" would be one
         members = ppl.fit(linear_model, linear_data.train, method="ensemble", seed=0).to_arviz()
     assert members.posterior["w"].shape == (1, 5, 3)  # the members as the draws of one chain
+    assert "do not apply" in members.posterior.attrs["ppl_draws"]
+
+
+def test_independent_draws_export_as_chains_that_arviz_summarises_cleanly(linear_model, linear_data, caplog):
+    import logging
+    import warnings
+
+    import arviz as az
+
+    post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)  # 1000 independent draws
+    idata = post.to_arviz()
+    assert idata.posterior["w"].shape == (4, 250, 3)
+    np.testing.assert_array_equal(idata.posterior["w"].values.reshape(1000, 3), post.draws["w"].reshape(1000, 3))
+    assert "R-hat of independent draws is 1 by construction" in idata.posterior.attrs["ppl_draws"]
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")
+        summary = az.summary(idata)
+    assert not [r for r in caplog.records if "Shape validation" in r.getMessage()]
+    assert np.all(np.isfinite(summary["r_hat"])) and np.all(summary["ess_bulk"] > 500)
 
 
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
