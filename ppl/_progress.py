@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -17,15 +19,18 @@ import jax.numpy as jnp
 __all__ = ["enable", "enabled", "task", "advance", "tick_every"]
 
 _STATE = {"enabled": None, "bar": None, "tasks": ()}
+HEARTBEAT_S = 10.0  # seconds between plain progress lines
 
 
-def enable(flag: bool | None = True) -> None:
-    """Force progress bars on (True), off (False), or back to auto (None: on when stderr is a TTY)."""
+def enable(flag: bool | str | None = True) -> None:
+    """Force progress bars on (True), off (False), or back to auto (None: on when stderr is a TTY).
+    ``"lines"``: a plain line on stderr every ``HEARTBEAT_S`` seconds instead of bars (``ppl compare``,
+    which prints its own log); ``"auto-lines"``: bars on a terminal, else those lines (``ppl fit``)."""
     _STATE["enabled"] = flag
 
 
 @contextlib.contextmanager
-def setting(flag: bool | None):
+def setting(flag: bool | str | None):
     """Within the block, progress bars follow ``flag`` (None: leave the current setting)."""
     if flag is None:
         yield
@@ -39,33 +44,102 @@ def setting(flag: bool | None):
 
 
 def enabled() -> bool:
+    return _mode() is not None
+
+
+def _mode() -> str | None:
+    """"bars", "lines" or None (silent) under the current setting."""
     flag = _STATE["enabled"]
-    return sys.stderr.isatty() if flag is None else bool(flag)
+    if flag == "lines":
+        return "lines"
+    if flag == "auto-lines":
+        return "bars" if sys.stderr.isatty() else "lines"
+    on = sys.stderr.isatty() if flag is None else bool(flag)
+    return "bars" if on else None
 
 
 @contextlib.contextmanager
 def task(description: str, total: int, *more: tuple[str, int]):
-    """Show bars while the block runs (a no-op when disabled): one for ``total`` steps, and one per
-    extra ``(description, total)`` phase, e.g. warmup then sampling."""
+    """Show progress while the block runs (a no-op when disabled): one bar for ``total`` steps, and
+    one per extra ``(description, total)`` phase, e.g. warmup then sampling. Until the first chunk
+    reports, the work is compiling (or running its first chunk), and the bar says so beside the time
+    elapsed; as plain lines, every ``HEARTBEAT_S`` seconds."""
     phases = ((description, total), *more)
-    if not enabled() or all(t <= 0 for _, t in phases):
+    mode = _mode()
+    if mode is None or all(t <= 0 for _, t in phases):
         yield
         return
+    if mode == "lines":
+        bar = _Lines(phases)
+        with bar:
+            previous = (_STATE["bar"], _STATE["tasks"])
+            _STATE["bar"], _STATE["tasks"] = bar, tuple(range(len(phases)))
+            try:
+                yield
+            finally:
+                _STATE["bar"], _STATE["tasks"] = previous
+        return
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+    from rich.text import Text
+
+    first = []  # the first phase's task: the later ones wait for it rather than compile
+
+    class Starting(ProgressColumn):
+        def render(self, task):
+            starting = first and task.id == first[0] and not task.completed and not task.finished
+            return Text("compiling…" if starting else "", style="dim")
 
     # Bars go to stderr: stdout holds the results, and stays clean when redirected to a file.
     with Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), transient=False,
-        console=Console(stderr=True),
+        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), Starting(),
+        transient=False, console=Console(stderr=True),
     ) as bar:
         previous = (_STATE["bar"], _STATE["tasks"])
         _STATE["bar"] = bar
         _STATE["tasks"] = tuple(bar.add_task(d, total=t) for d, t in phases)
+        first.append(_STATE["tasks"][0])
         try:
             yield
         finally:
             _STATE["bar"], _STATE["tasks"] = previous
+
+
+class _Lines:
+    """Progress as plain lines on stderr, for output that is not a terminal: a background thread
+    writes one every ``HEARTBEAT_S`` seconds (nothing for work that ends sooner), with the phase, its
+    count and the time elapsed, or "compiling" before the first chunk reports."""
+
+    def __init__(self, phases):
+        self.phases = [[description, int(total), 0] for description, total in phases]
+        self.started = time.monotonic()
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="ppl-progress", daemon=True)
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stopped.set()
+        self.thread.join()
+
+    def advance(self, task: int, steps: int) -> None:
+        self.phases[task][2] += int(steps)
+
+    def update(self, task: int, total: int) -> None:
+        self.phases[task][1] = int(total)
+
+    def line(self) -> str:
+        elapsed = f"{time.monotonic() - self.started:.0f} s"
+        if not any(done for _, _, done in self.phases):
+            return f"  {self.phases[0][0]}: compiling, {elapsed}"
+        description, total, done = next((p for p in self.phases if p[2] < p[1]), self.phases[-1])
+        return f"  {description}: {min(done, total)}/{total}, {elapsed}"
+
+    def _run(self) -> None:
+        while not self.stopped.wait(HEARTBEAT_S):
+            print(self.line(), file=sys.stderr, flush=True)
 
 
 def advance(steps: int, phase: int = 0) -> None:

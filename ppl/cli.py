@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
         "--out", help="run directory (default: a new runs/<data>-<model>-<method>-seed<N>[-K] folder, never an existing one)"
     )
     fit.add_argument("--force", action="store_true", help="replace the run already in --out")
-    fit.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    fit.add_argument("--no-progress", action="store_true", help="hide the progress bars (and, when output is not a terminal, the progress lines)")
     fit.add_argument(
         "--kfold", type=_at_least_two, metavar="K",
         help="also estimate the elpd by K-fold cross-validation on the training rows (K more fits of the same method)",
@@ -419,7 +419,7 @@ def _compare(args) -> int:
             _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])
         elif not (out / _io.COMPARISON_MANIFEST).exists():
             _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])  # started by an older ppl
-        _progress.enable(False)
+        _progress.enable("lines")  # a line on stderr every few seconds beside the comparison's own log
         started = time.perf_counter()
         try:
             result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
@@ -683,8 +683,8 @@ def _fit(args) -> int:
     _interrupt.raise_pending()
     out = _out_folder(args, data)
     _check_out(out)
-    # bars (on stderr) when stderr is a terminal, never with --no-progress
-    _progress.enable(False if args.no_progress else None)
+    # bars (on stderr) when stderr is a terminal, else a plain line every few seconds; never with --no-progress
+    _progress.enable(False if args.no_progress else "auto-lines")
     invocation = _invocation(args)
     posterior = diagnostics = None
     record, extras = {"data": data.name, "model": args.model, "metrics": {}}, {}

@@ -168,6 +168,29 @@ def test_progress_bar_is_public_and_checked(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="map", seed=0, progress_bar="yes")
 
 
+def test_progress_lines_say_compiling_then_count_when_output_is_not_a_terminal(monkeypatch, capsys):
+    """Without a terminal, a long fit is not silent: a line every HEARTBEAT_S seconds, "compiling"
+    until the first chunk reports, then the phase's count; a short one prints nothing."""
+    import time
+
+    from ppl import _progress
+
+    monkeypatch.setattr(_progress, "HEARTBEAT_S", 0.05)
+    with _progress.setting("lines"), _progress.task("nuts warmup", 500, ("nuts sampling", 1000)):
+        time.sleep(0.2)  # compiling: nothing reported yet
+        _progress.advance(500, 0)
+        _progress.advance(300, 1)
+        time.sleep(0.2)
+    err = capsys.readouterr()
+    lines = err.err.splitlines()
+    assert lines[0].startswith("  nuts warmup: compiling, ") and lines[0].endswith(" s")
+    assert lines[-1].startswith("  nuts sampling: 300/1000, ") and not err.out
+    monkeypatch.setattr(_progress, "HEARTBEAT_S", 10.0)
+    with _progress.setting("lines"), _progress.task("map", 100):
+        _progress.advance(100)
+    assert capsys.readouterr().err == ""
+
+
 # -- prediction on new data ------------------------------------------------------------------------
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_predict_raw_csv_rows_as_training_prepared_them(tmp_path):
