@@ -84,25 +84,39 @@ def _save(figure, path: Path) -> Path:
 
 
 def _loss_figure(posterior, path: Path) -> Path:
+    """The whole descent, readable at every scale: each curve's loss above the lowest value it
+    reached, on a log axis (offset notation and a clipped start hid both), labelled with what the
+    loss is; dotted lines where a run continued for another round of ``steps``."""
+    from ppl.inference import registry
+
     losses = np.atleast_2d(np.asarray(posterior.trace.losses, dtype=float))
     figure = _figure(6.4, 3.6)
     axes = figure.add_subplot()
     steps = np.arange(1, losses.shape[1] + 1)
+    finite = losses[np.isfinite(losses)]
+    lowest = float(finite.min()) if finite.size else 0.0
     for m, row in enumerate(losses):
-        axes.plot(steps, row, lw=0.8, label=f"member {m}" if losses.shape[0] > 1 else None)
-    # The first steps of a run from the prior can be orders of magnitude above the rest: scale the
-    # axis to the run's second half, where convergence is judged.
-    tail = losses[:, losses.shape[1] // 2:]
-    finite = tail[np.isfinite(tail)]
-    if finite.size:
-        low, high = float(finite.min()), float(finite.max())
-        pad = 0.5 * (high - low) + 1e-9 * max(1.0, abs(high))
-        axes.set_ylim(low - pad, high + 3 * pad)
+        floor = float(np.nanmin(np.where(np.isfinite(row), row, np.nan))) if np.isfinite(row).any() else lowest
+        gap = row - floor
+        # a curve at its own minimum would be −∞ on the log axis: floor it at the loss's rounding
+        tiny = max(1e-7 * max(1.0, abs(floor)), float(np.min(gap[gap > 0])) if np.any(gap > 0) else 1e-12)
+        axes.plot(steps, np.maximum(gap, tiny), lw=0.8, label=f"member {m}" if losses.shape[0] > 1 else None)
+    axes.set_yscale("log")
+    per_round = posterior.options.get("steps") if isinstance(posterior.options, dict) else None
+    if isinstance(per_round, int) and 0 < per_round < losses.shape[1]:
+        for edge in range(per_round, losses.shape[1], per_round):
+            axes.axvline(edge + 0.5, color="grey", lw=0.6, ls=":")
+        axes.text(0.99, 0.97, f"dotted: a new round of {per_round} steps", transform=axes.transAxes, ha="right",
+                  va="top", fontsize=7, color="grey")
+    try:
+        label = registry.get(posterior.method).loss_label
+    except Exception:  # a run of a method this ppl does not know: say no more than "loss"
+        label = "loss"
     axes.set_xlabel("step")
-    axes.set_ylabel("loss (negative log joint or bound)")
+    axes.set_ylabel("loss − its lowest value (log scale)", fontsize=8)
     converged = posterior.status.converged
-    axes.set_title(f"{posterior.method}: loss per step" + ("" if converged is None else
-                                                          (" — converged" if converged else " — NOT converged")))
+    verdict = "" if converged is None else (" — settled" if converged else " — NOT settled")
+    axes.set_title(f"{posterior.method}: {label}\nlowest {lowest:.6g}{verdict}", fontsize=9)
     if losses.shape[0] > 1:
         axes.legend(fontsize=7, ncol=2)
     return _save(figure, path)

@@ -45,6 +45,8 @@ class Method:
     # Options that, when set, fit a changed model (Laplace's prior_precision replaces the declared
     # prior): the run is then recorded and judged as the posterior of the model actually used.
     model_options: ClassVar[tuple] = ()
+    # What the loss in the result's trace is, for the figures that plot it.
+    loss_label: ClassVar[str] = "loss"
 
     def __post_init__(self):
         check_option_types(self)

@@ -48,6 +48,7 @@ class Ensemble(MAP):
 
     name: ClassVar[str] = "ensemble"
     kind: ClassVar[str] = "members"
+    loss_label: ClassVar[str] = "negative log joint (each member)"
     description: ClassVar[str] = (
         "deep ensemble: M MAP estimates from independent initialisations, trained as one compiled program"
     )

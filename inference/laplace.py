@@ -87,6 +87,7 @@ class Laplace(Method):
 
     name = "laplace"
     kind = "independent"
+    loss_label = "negative log joint (the MAP search the Gaussian is built at)"
     model_options = ("prior_precision",)
     description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, last layer or a mask"
 

@@ -42,6 +42,7 @@ class MoLA(Method):
 
     name = "mola"
     kind = "mixture"
+    loss_label = "negative log joint (each member's MAP search)"
     model_options = ("prior_precision",)
     description = "mixture of last-layer Laplace approximations around M MAP networks trained as one program"
 

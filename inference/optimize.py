@@ -777,6 +777,7 @@ class MAP(Method):
 
     name = "map"
     kind = "point"
+    loss_label = "negative log joint"
     model_options = ("prior_precision",)
     description = "maximum a posteriori point estimate by optax (L-BFGS full batch, Adam minibatch)"
 

@@ -216,6 +216,7 @@ class SVI(Method):
 
     name = "svi"
     kind = "independent"  # "point" when the guide is a point mass (delta)
+    loss_label = "negated objective, estimated each step (negative ELBO by default)"
     description = "variational inference: mean_field/low_rank/full_rank/flow/delta guides; elbo, iwae, renyi objectives"
     supports_local = True
 

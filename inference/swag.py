@@ -141,6 +141,7 @@ class SWAG(Method):
     name: ClassVar[str] = "swag"
     model_options: ClassVar[tuple] = ("prior_precision",)
     kind: ClassVar[str] = "independent"
+    loss_label: ClassVar[str] = "mean negative log joint per row, on each SGD minibatch after the MAP"
     description: ClassVar[str] = (
         "SWAG: Gaussian (diagonal plus rank K) from the moments of an SGD trajectory started at the MAP"
     )
