@@ -87,8 +87,6 @@ def _loss_figure(posterior, path: Path) -> Path:
     """The whole descent, readable at every scale: each curve's loss above the lowest value it
     reached, on a log axis (offset notation and a clipped start hid both), labelled with what the
     loss is; dotted lines where a run continued for another round of ``steps``."""
-    from ppl.inference import registry
-
     losses = np.atleast_2d(np.asarray(posterior.trace.losses, dtype=float))
     figure = _figure(6.4, 3.6)
     axes = figure.add_subplot()
@@ -108,10 +106,7 @@ def _loss_figure(posterior, path: Path) -> Path:
             axes.axvline(edge + 0.5, color="grey", lw=0.6, ls=":")
         axes.text(0.99, 0.97, f"dotted: a new round of {per_round} steps", transform=axes.transAxes, ha="right",
                   va="top", fontsize=7, color="grey")
-    try:
-        label = registry.get(posterior.method).loss_label
-    except Exception:  # a run of a method this ppl does not know: say no more than "loss"
-        label = "loss"
+    label = posterior.loss_label
     axes.set_xlabel("step")
     axes.set_ylabel("loss − its lowest value (log scale)", fontsize=8)
     converged = posterior.status.converged

@@ -732,6 +732,14 @@ class Posterior:
 
         return (get(self.method) if self.method in METHODS else Method).remedy(self, topic)
 
+    @property
+    def loss_label(self) -> str:
+        """What the loss in ``trace`` is, in the words of the method that ran (``Method.loss_label``)."""
+        from ppl.inference._base import Method
+        from ppl.inference.registry import METHODS, get
+
+        return (get(self.method) if self.method in METHODS else Method).loss_label
+
     def hold_out(self, X, y):
         """Judge this run also on rows ``(X, y)`` it was not fitted on; returns the posterior.
 

@@ -368,7 +368,8 @@ def test_bad_input_is_refused_with_clear_errors(cancer, linear_data):
         ppl.fit(BNN(hidden=(4,), likelihood="bernoulli", prior=ScaleMixture()), data.train, method="laplace", seed=0,
                 prior_precision="marglik")
     with pytest.raises(OptionError, match="one prior precision per layer"):
-        ppl.fit(BNN(hidden=(4,), likelihood="bernoulli", prior=FanIn()), data.train, method="laplace", seed=0)
+        ppl.fit(BNN(hidden=(4,), likelihood="bernoulli", prior=FanIn()), data.train, method="laplace", seed=0,
+                hessian="kfac")
     with pytest.raises(MemoryBudgetError, match="kfac"):
         ppl.fit(BNN(hidden=(3000,), likelihood="bernoulli"), data.train, method="laplace", seed=0, subset="all",
                 hessian="full")
