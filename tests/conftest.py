@@ -7,9 +7,20 @@ import tempfile
 
 os.environ.setdefault("MPLBACKEND", "Agg")
 
+import warnings  # noqa: E402
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
+
+# ArviZ writes a once-a-day stamp file when first imported on a new day, through one fixed temporary
+# name: two xdist workers importing it at the same moment race on that file and one fails to
+# collect its module (seen on 2026-12-06: FileNotFoundError on daily_warning.tmp). The controller
+# loads this file before it starts the workers, so importing ArviZ here writes the stamp once and
+# the workers only read it.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", FutureWarning)
+    import arviz  # noqa: E402, F401
 
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
