@@ -9,7 +9,7 @@
 2. Heavy-tailed regression (20,000 synthetic points): a linear model that assumes Gaussian noise of
    the wrong size; its own 90% intervals against conformal ones.
 3. A small validation split (breast_cancer, 185 rows): the temperature lowers the validation NLL
-   by construction, not necessarily the test NLL.
+   by construction, not necessarily the test NLL; a well-centred Laplace predictive keeps T near 1.
 
 Every number printed is measured in this run.
 """

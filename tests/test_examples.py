@@ -61,8 +61,12 @@ def test_calibration_example_temperature_and_conformal_coverage(load_example):
     assert abs(heavy["conformal_coverage"] - 0.9) < 4 * heavy["one_split_sd"]
     assert heavy["own_coverage"] < 0.8
     small = out["small_validation"]
-    # the temperature lowers the validation NLL by construction; on this instance the test NLL rises
-    # (measured validation 0.131 -> 0.118, test 0.107 -> 0.119)
+    # the temperature never raises the validation NLL (T = 1 is a candidate). The Laplace predictive,
+    # centred on the conditional mode with the exact GGN, is close to calibrated already: T stays
+    # near 1 and the test NLL moves by under 5% either way (measured T 0.90, validation
+    # 0.142 -> 0.142, test 0.1263 -> 0.1256)
     calibration = small["calibration"]
-    assert calibration.validation_nll < calibration.validation_nll_uncalibrated
-    assert small["report"]["calibrated"]["nll"] > small["report"]["uncalibrated"]["nll"]
+    assert calibration.validation_nll <= calibration.validation_nll_uncalibrated + 1e-9
+    assert 0.7 < calibration.temperature < 1.4
+    uncalibrated, calibrated = small["report"]["uncalibrated"]["nll"], small["report"]["calibrated"]["nll"]
+    assert abs(calibrated - uncalibrated) < 0.05 * uncalibrated
