@@ -31,6 +31,7 @@ from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
 from ppl.inference import _devices
 from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
+from ppl.inference._loop import SamplerLoop, drive
 from ppl.inference._base import (
     Method,
     check_choice,
@@ -217,113 +218,7 @@ class _MCMC(Method):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
-        config = self._config()
-        dtype = problem.init_params.dtype
-        tuning = (jnp.asarray(self.target_accept, dtype), jnp.asarray(self._trajectory_length(), dtype))
-        chains = list(range(self.num_chains))
-        capacity = _chunk_capacity(problem.num_params, np.dtype(dtype).itemsize)
-        records = {c: {name: [] for name in STAT_NAMES} for c in chains}
-        done = [0] * self.num_chains
-        target = self.num_samples  # draws per chain: num_samples, or a multiple once the run extends
-        saved_states: dict = {}
-        resume = session.resume_state("mcmc")
-        halved = False
-        if resume is not None:
-            done, saved_states, target = self._restore(resume, records, problem, tuning)
-            halved = restored_halving(resume.progress)
-        total = self.num_warmup + target
-        session.start_count(sum(done))
-        extension = Extension(self, session, rounds_done=target // self.num_samples, halved=halved)
-        per_round = self.num_chains * self.num_samples * problem.num_params * np.dtype(dtype).itemsize
-        devices = _devices.current()
-        if self.chain_method == "vectorized":
-            groups = [[_Lane(chains, True, _devices.spread_devices(len(chains), devices))]]
-        else:
-            # Chain i runs on device i mod D; a group of D chains advances together, so with
-            # several devices (GPUs, or CPU host devices via XLA_FLAGS) the chains run concurrently.
-            # Each is a program of its own, so across hosts every process runs them on its own devices.
-            devices = _devices.local_devices(devices)
-            lanes = [_Lane([c], False, devices[c % len(devices)]) for c in chains]
-            groups = [lanes[i : i + len(devices)] for i in range(0, len(lanes), len(devices))]
-        # Vectorized chains share one loop, so the bars count steps of all chains at once.
-        per_bar = 1 if self.chain_method == "vectorized" else self.num_chains
-        label = f"{self.num_chains} chains{' in parallel' if self.chain_method == 'vectorized' else ''}"
-        lanes_by_chain = {}
-        with _progress.task(
-            f"{self.name} warmup ({label})",
-            per_bar * self.num_warmup,
-            (f"{self.name} sampling ({label})", per_bar * target),
-        ), _interrupt.guard():
-            # A resumed run's bars start where the checkpoint stopped (one bar position per lane).
-            firsts = [lane.chains[0] for group in groups for lane in group]
-            _progress.advance(sum(min(done[c], self.num_warmup) for c in firsts), 0)
-            _progress.advance(sum(max(done[c] - self.num_warmup, 0) for c in firsts), 1)
-            pace = _interrupt.ChunkPace(capacity, TARGET_CHUNK_S)
-            while True:
-                for group in groups:
-                    live = [lane for lane in group if done[lane.chains[0]] < total]
-                    for lane in live:
-                        lanes_by_chain.update({c: lane for c in lane.chains})
-                        if lane.state is None:
-                            self._start_lane(lane, key, problem, tuning, config, saved_states)
-                    while live and not _interrupt.requested():
-                        steps = pace.next_chunk()
-                        started = time.perf_counter()
-                        active = [min(steps, total - done[lane.chains[0]]) for lane in live]
-                        outputs = []
-                        for lane, n in zip(live, active):
-                            if lane.batched:
-                                outputs.append(_advance_many(config, capacity, problem, lane.state, jnp.asarray(n),
-                                                             *tuning, devices=lane.device))
-                            else:
-                                outputs.append(_advance_one(config, capacity, problem, lane.state, jnp.asarray(n),
-                                                            *tuning))
-                        outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
-                        pace.record(max(active), time.perf_counter() - started)
-                        starts = [done[lane.chains[0]] for lane in live]
-                        try:
-                            for lane, n, (state, stats) in zip(live, active, outputs):
-                                self._collect(lane, n, stats, done, records, problem)
-                        except NonFiniteError as error:
-                            error.partial = self._partial(problem, records, done, lanes_by_chain, saved_states,
-                                                          target, extension)[0]
-                            if error.partial is not None:
-                                error.partial.status = error.partial.status._replace(failed=str(error))
-                            raise
-                        for lane, (state, _) in zip(live, outputs):
-                            lane.state = state
-                        for start, n in zip(starts, active):
-                            warm = max(0, min(start + n, self.num_warmup) - start)
-                            _progress.advance(warm, 0)
-                            _progress.advance(n - warm, 1)
-                        live = [lane for lane in live if done[lane.chains[0]] < total]
-                        session.maybe_checkpoint(
-                            sum(done),
-                            lambda: self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension),
-                        )
-                    if _interrupt.requested():
-                        break
-                if _interrupt.requested() or any(d < total for d in done):
-                    break
-                so_far = self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension)[0]
-                if not extension.more(so_far, per_round):
-                    break
-                # the checks failed for want of draws: every chain continues for another round
-                target += self.num_samples
-                total = self.num_warmup + target
-                extension.begin_round()
-                _progress.extend(per_bar * target, 1)
-        posterior, state = self._partial(problem, records, done, lanes_by_chain, saved_states, target, extension)
-        if posterior is None:
-            raise Interrupted(
-                f"{self.name}: interrupted during warmup, before the first draw; the state is kept — save it "
-                "with .save(path) and resume with ppl.fit(..., resume=path)",
-                state,
-            )
-        posterior.info.update(extension.info())
-        if any(d < total for d in done):
-            posterior.resume_state = state
-        return posterior
+        return drive(_ChainsLoop(self, key, problem, session), session)
 
     # -- pieces of run -------------------------------------------------------------------------------
     def _start_lane(self, lane, key, problem, tuning, config, saved_states) -> None:
@@ -488,6 +383,125 @@ class _MCMC(Method):
             method=self.name, kind=self.kind, problem=problem, flat_draws=stats["z"], status=status,
             chain_stats=chain_stats, info=info,
         )
+
+
+class _ChainsLoop(SamplerLoop):
+    """One NUTS/HMC run for :func:`drive`: chains in lanes (one chain per device, or all chains
+    vmapped), lanes in groups that advance together, one group after another."""
+
+    def __init__(self, method: _MCMC, key, problem, session: Session):
+        self.method, self.key, self.problem = method, key, problem
+        self.config = method._config()
+        dtype = problem.init_params.dtype
+        self.tuning = (jnp.asarray(method.target_accept, dtype), jnp.asarray(method._trajectory_length(), dtype))
+        chains = list(range(method.num_chains))
+        self.capacity = _chunk_capacity(problem.num_params, np.dtype(dtype).itemsize)
+        self.records = {c: {name: [] for name in STAT_NAMES} for c in chains}
+        self.done = [0] * method.num_chains
+        self.target = method.num_samples  # draws per chain: num_samples, or a multiple once the run extends
+        self.saved_states: dict = {}
+        resume = session.resume_state("mcmc")
+        halved = False
+        if resume is not None:
+            self.done, self.saved_states, self.target = method._restore(resume, self.records, problem, self.tuning)
+            halved = restored_halving(resume.progress)
+        self.extension = Extension(method, session, rounds_done=self.target // method.num_samples, halved=halved)
+        self.per_round = method.num_chains * method.num_samples * problem.num_params * np.dtype(dtype).itemsize
+        devices = _devices.current()
+        if method.chain_method == "vectorized":
+            self.groups = [[_Lane(chains, True, _devices.spread_devices(len(chains), devices))]]
+        else:
+            # Chain i runs on device i mod D; a group of D chains advances together, so with
+            # several devices (GPUs, or CPU host devices via XLA_FLAGS) the chains run concurrently.
+            # Each is a program of its own, so across hosts every process runs them on its own devices.
+            devices = _devices.local_devices(devices)
+            lanes = [_Lane([c], False, devices[c % len(devices)]) for c in chains]
+            self.groups = [lanes[i : i + len(devices)] for i in range(0, len(lanes), len(devices))]
+        # Vectorized chains share one loop, so the bars count steps of all chains at once.
+        self.per_bar = 1 if method.chain_method == "vectorized" else method.num_chains
+        self.lanes_by_chain: dict = {}
+        self.pace = _interrupt.ChunkPace(self.capacity, TARGET_CHUNK_S)
+
+    @property
+    def total(self) -> int:
+        return self.method.num_warmup + self.target
+
+    def bars(self) -> tuple:
+        m = self.method
+        label = f"{m.num_chains} chains{' in parallel' if m.chain_method == 'vectorized' else ''}"
+        return (f"{m.name} warmup ({label})", self.per_bar * m.num_warmup,
+                (f"{m.name} sampling ({label})", self.per_bar * self.target))
+
+    def begin(self) -> None:
+        # A resumed run's bars start where the checkpoint stopped (one bar position per lane).
+        firsts = [lane.chains[0] for group in self.groups for lane in group]
+        warmup = self.method.num_warmup
+        _progress.advance(sum(min(self.done[c], warmup) for c in firsts), 0)
+        _progress.advance(sum(max(self.done[c] - warmup, 0) for c in firsts), 1)
+
+    def count(self) -> int:
+        return sum(self.done)
+
+    def round_over(self) -> bool:
+        return all(d >= self.total for d in self.done)
+
+    def advance(self) -> None:
+        m, done, total = self.method, self.done, self.total
+        # the first group with a chain short of its target; its lanes start (or resume) on first use
+        live = next(lanes for lanes in ([lane for lane in group if done[lane.chains[0]] < total]
+                                        for group in self.groups) if lanes)
+        for lane in live:
+            self.lanes_by_chain.update({c: lane for c in lane.chains})
+            if lane.state is None:
+                m._start_lane(lane, self.key, self.problem, self.tuning, self.config, self.saved_states)
+        steps = self.pace.next_chunk()
+        started = time.perf_counter()
+        active = [min(steps, total - done[lane.chains[0]]) for lane in live]
+        outputs = []
+        for lane, n in zip(live, active):
+            if lane.batched:
+                outputs.append(_advance_many(self.config, self.capacity, self.problem, lane.state, jnp.asarray(n),
+                                             *self.tuning, devices=lane.device))
+            else:
+                outputs.append(_advance_one(self.config, self.capacity, self.problem, lane.state, jnp.asarray(n),
+                                            *self.tuning))
+        outputs = [(state, jax.device_get(stats)) for state, stats in outputs]
+        self.pace.record(max(active), time.perf_counter() - started)
+        starts = [done[lane.chains[0]] for lane in live]
+        for lane, n, (state, stats) in zip(live, active, outputs):
+            m._collect(lane, n, stats, done, self.records, self.problem)
+        for lane, (state, _) in zip(live, outputs):
+            lane.state = state
+        for start, n in zip(starts, active):
+            warm = max(0, min(start + n, m.num_warmup) - start)
+            _progress.advance(warm, 0)
+            _progress.advance(n - warm, 1)
+
+    def snapshot(self) -> tuple:
+        return self.method._partial(self.problem, self.records, self.done, self.lanes_by_chain, self.saved_states,
+                                    self.target, self.extension)
+
+    def failed_partial(self):
+        return self.snapshot()[0]
+
+    def so_far(self):
+        return self.snapshot()[0]
+
+    def extended(self) -> None:
+        _progress.extend(self.per_bar * self.target, 1)
+
+    def finish(self) -> Posterior:
+        posterior, state = self.snapshot()
+        if posterior is None:
+            raise Interrupted(
+                f"{self.method.name}: interrupted during warmup, before the first draw; the state is kept — save it "
+                "with .save(path) and resume with ppl.fit(..., resume=path)",
+                state,
+            )
+        posterior.info.update(self.extension.info())
+        if not self.round_over():
+            posterior.resume_state = state
+        return posterior
 
 
 def _concat(parts: list):

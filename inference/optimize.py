@@ -30,6 +30,7 @@ from ppl.inference import _devices
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import PointMass
+from ppl.inference._loop import Loop, drive
 
 __all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "round_convergence", "NegativeLogJoint"]
 
@@ -425,156 +426,206 @@ def minimize(
     the final ``stopped``.
     """
     session = session or Session()
-    capacity = max(1, min(CHUNK_CAPACITY, config.steps))
-    learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
-    opt_state = _init_state(config, params, learning_rate, members=members is not None, collector=collector)
+    loop = _MinimizeLoop(objective, config, problem, params, key, learning_rate, label, session, build, members,
+                         collector, judge)
+    return drive(loop, session)
+
+
+class _MinimizeLoop(Loop):
+    """One :func:`minimize` run for :func:`drive`: rounds of ``config.steps`` steps, judged at each
+    round's end until the judge accepts or the budget is spent."""
+
+    def __init__(self, objective, config, problem, params, key, learning_rate, label, session, build, members,
+                 collector, judge):
+        self.objective, self.config, self.problem, self.key, self.label = objective, config, problem, key, label
+        self.session, self.build, self.collector, self.judge, self.members = session, build, collector, judge, members
+        self.capacity = max(1, min(CHUNK_CAPACITY, config.steps))
+        self.learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
+        opt_state = _init_state(config, params, self.learning_rate, members=members is not None, collector=collector)
+        self.run_chunk = _chunk_runner(objective, members)
+        self.lead = () if members is None else (int(members),)
+        self.budget = config.budget if judge is not None else config.steps
+        self.history: list = []
+        step = 0
+        self.stopped = None if members is None else np.zeros(self.lead, dtype=np.int64)
+        resume = session.resume_state("optimize")
+        if resume is not None:
+            step = int(resume.progress.get("steps_done", -1))
+            losses = np.asarray(resume.arrays.get("losses", np.zeros(0)))
+            if self.stopped is not None:
+                self.stopped = np.asarray(resume.arrays.get("stopped", self.stopped), dtype=np.int64)
+                if self.stopped.shape != self.lead:
+                    raise ResumeError(f"the checkpoint's record of settled members has shape {self.stopped.shape}, "
+                                      f"not {self.lead}; start afresh without resume")
+            if not 0 <= step <= self.budget or losses.shape != (*self.lead, step):
+                raise ResumeError(
+                    f"the checkpoint's progress ({step} steps, losses of shape {losses.shape}) does not fit a run of "
+                    f"at most {self.budget} steps; start afresh without resume"
+                )
+            params, opt_state = restore_tree((params, opt_state), resume.leaves, "optimiser state")
+            params, opt_state = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
+            self.history.append(losses)
+        self.params, self.opt_state, self.step = params, opt_state, step
+        self.pace = _interrupt.ChunkPace(self.capacity)
+        self.finished = False
+        self.judged_at = None  # the step of the last round's end judged
+        self.previous = None  # the state at the start of the chunk before the current one
+
+    # -- what the driver asks -----------------------------------------------------------------------
+    def bars(self) -> tuple:
+        steps = self.config.steps
+        return self.label, min(self.budget, max(steps, -(-self.step // steps) * steps))
+
+    def begin(self) -> None:
+        _progress.advance(self.step)
+
+    def count(self) -> int:
+        return self.step
+
+    def round_over(self) -> bool:
+        at_end = self.step > 0 and self.step % self.config.steps == 0 and self.judged_at != self.step
+        return self.step >= self.budget or at_end
+
+    def next_round(self) -> bool:
+        """The end of a round: stop if it settled (or the budget is spent), else go on."""
+        if self.step >= self.budget:
+            return False
+        self.judged_at = self.step
+        if self._settled():
+            self.finished = True
+            return False
+        _progress.extend(min(self.budget, self.step + self.config.steps))
+        return True
+
+    def advance(self) -> None:
+        steps, step = self.config.steps, self.step
+        count = min(self.pace.next_chunk(), steps - step % steps, self.budget - step)
+        started = time.perf_counter()
+        frozen = () if self.stopped is None else (jnp.asarray(self.stopped > 0),)
+        new_params, new_state, losses = self.run_chunk(
+            self.objective, self.config, self.capacity, self.collector, self.problem, self.params, self.opt_state,
+            self.key, jnp.asarray(step), jnp.asarray(count), self.learning_rate, *frozen,
+        )
+        losses = np.asarray(losses)[..., :count]
+        self.pace.record(count, time.perf_counter() - started)
+        finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
+        if not np.all(np.isfinite(losses)) or not finite_params:
+            raise self._nonfinite(new_params, losses, count)
+        self.previous = (self.params, self.opt_state, step)
+        self.params, self.opt_state = new_params, new_state
+        self.history.append(losses)
+        self.step += count
+        _progress.advance(count)
+
+    def snapshot(self) -> tuple:
+        return self._partial(self.params, self.opt_state, self.step)
+
+    def finish(self) -> Minimized:
+        steps, step = self.config.steps, self.step
+        if not self.finished and self.judge is not None and 0 < step < self.budget and step % steps == 0 \
+                and self.judged_at != step:
+            self.finished = self._settled()  # stopped by Ctrl-C just as a round ended
+        losses = self._joined()
+        if step == 0:
+            raise Interrupted(f"{self.label}: interrupted before the first step finished",
+                              self._state(self.params, self.opt_state, 0))
+        finished = self.finished or step >= self.budget
+        return Minimized(self.params, losses, None if finished else self._state(self.params, self.opt_state, step),
+                         self.opt_state[1], self.stopped)
+
+    # -- pieces ---------------------------------------------------------------------------------------
+    def _joined(self):
+        return np.concatenate(self.history, axis=-1) if self.history else np.zeros((*self.lead, 0))
+
+    def _state(self, params, opt_state, step) -> ResumeState:
+        losses = self._joined()
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
+        arrays = {"losses": losses} if self.stopped is None else {"losses": losses, "stopped": self.stopped.copy()}
+        return self.session.stamp(ResumeState("optimize", {"steps_done": int(step)}, leaves, arrays))
+
+    def _with_stopped(self, fn, params, losses):
+        return fn(params, losses) if self.stopped is None else fn(params, losses, self.stopped.copy())
+
+    def _settled(self) -> bool:
+        """Judge the round just ended; with members, freeze those that settled. True when all did."""
+        if self.stopped is None:
+            return bool(self.judge(self.params, self._joined()))
+        verdict = np.asarray(self._with_stopped(self.judge, self.params, self._joined()), dtype=bool)
+        self.stopped = np.where((self.stopped == 0) & verdict, self.step, self.stopped)
+        return bool(np.all(self.stopped > 0))
+
+    def _partial(self, params, opt_state, step, *, at_start=False) -> tuple:
+        state = self._state(params, opt_state, step)
+        unbuilt = self.build is None or (step == 0 and not at_start)
+        posterior = None if unbuilt else self._with_stopped(self.build, params, state.arrays["losses"])
+        if posterior is not None and step < self.budget:
+            posterior.resume_state = state
+        return posterior, state
+
+    def _nonfinite(self, new_params, losses, count) -> NonFiniteError:
+        """The error for a chunk that left the loss or the parameters non-finite, with the partial
+        result attached. The parameters before this chunk are finite, but one wild step can leave
+        them finite and still useless (a scale of exp(-1e30) = 0): the partial result is the latest
+        of the last two chunk starts that builds a posterior ppl.load accepts."""
+        step = self.step
+        candidates = [(self.params, self.opt_state, step)] + ([self.previous] if self.previous is not None else [])
+        partial, kept = None, step
+        for old_params, old_state, old_step in candidates:
+            # a failure keeps even the starting state: it is the last usable one
+            partial = self._partial(old_params, old_state, old_step, at_start=True)[0]
+            if partial is not None and _loadable(partial):
+                kept = old_step
+                break
+            partial = None
+        bad_steps = ~np.isfinite(losses)
+        member, culprit = "", new_params
+        if self.members is not None:
+            rows = np.flatnonzero(bad_steps.any(axis=1) | ~_finite_rows(new_params))
+            row = int(rows[0]) if rows.size else 0
+            member, culprit = f" in member {row}", jax.tree_util.tree_map(lambda x: x[row], new_params)
+            bad_steps = bad_steps[row]
+        bad = np.flatnonzero(bad_steps)
+        first = step + int(bad[0]) if bad.size else step + count - 1
+        where = _nonfinite_sites(culprit, self.problem)
+        if partial is not None:
+            kept_text = f" and the state after {kept} steps as a partial result in .partial"
+        elif self.build is not None:
+            kept_text = " (neither of the last two states gives a usable posterior, so there is no partial result)"
+        else:
+            kept_text = ""
+        error = NonFiniteError(
+            f"{self.label}: the loss or the parameters became non-finite{member} at step {first} "
+            f"(non-finite: {', '.join(where) or 'the loss only'}); the last finite parameters "
+            f"(before step {step}) are kept on this error as .last_finite_params{kept_text}"
+            " — lower learning_rate, tighten the prior, or standardise the data",
+            step=first,
+            last_finite_params=self.params,
+        )
+        error.partial = partial
+        return error
+
+
+def _chunk_runner(objective, members):
+    """The compiled chunk for one run or for ``members`` runs trained together."""
     if members is None:
         # One run: its steps are partitioned over every device of the fit (data rows and particles).
         mesh = _devices.run_mesh(None, getattr(getattr(objective, "objective", objective), "num_particles", 1))
 
         def run_chunk(*args):
             return _run_chunk(*args, mesh=mesh)
-    else:
-        devices = _devices.spread_devices(int(members))
-        if len(devices) == 1:
-            run_chunk = _run_members_chunk
-        else:
-            # Chunks run on all the devices; everything between them stays on this process's first one.
-            def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count,
-                          rate, frozen):
-                params, opt_state, key, frozen = _devices.replicate((params, opt_state, key, frozen), devices)
-                out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key,
-                                         start, count, rate, frozen, devices=devices)
-                return _devices.local(out)
-    lead = () if members is None else (int(members),)
-    budget = config.budget if judge is not None else config.steps
-    history: list = []
-    step = 0
-    stopped = None if members is None else np.zeros(lead, dtype=np.int64)
-    resume = session.resume_state("optimize")
-    if resume is not None:
-        step = int(resume.progress.get("steps_done", -1))
-        losses = np.asarray(resume.arrays.get("losses", np.zeros(0)))
-        if stopped is not None:
-            stopped = np.asarray(resume.arrays.get("stopped", stopped), dtype=np.int64)
-            if stopped.shape != lead:
-                raise ResumeError(f"the checkpoint's record of settled members has shape {stopped.shape}, not {lead}; "
-                                  "start afresh without resume")
-        if not 0 <= step <= budget or losses.shape != (*lead, step):
-            raise ResumeError(
-                f"the checkpoint's progress ({step} steps, losses of shape {losses.shape}) does not fit a run of "
-                f"at most {budget} steps; start afresh without resume"
-            )
-        params, opt_state = restore_tree((params, opt_state), resume.leaves, "optimiser state")
-        params, opt_state = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
-        history.append(losses)
-    session.start_count(step)
+        return run_chunk
+    devices = _devices.spread_devices(int(members))
+    if len(devices) == 1:
+        return _run_members_chunk
 
-    def joined():
-        return np.concatenate(history, axis=-1) if history else np.zeros((*lead, 0))
-
-    def state_now(params, opt_state, step):
-        losses = joined()
-        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get((params, opt_state)))]
-        arrays = {"losses": losses} if stopped is None else {"losses": losses, "stopped": stopped.copy()}
-        return session.stamp(ResumeState("optimize", {"steps_done": int(step)}, leaves, arrays))
-
-    def with_stopped(fn, params, losses):
-        return fn(params, losses) if stopped is None else fn(params, losses, stopped.copy())
-
-    def settled(params) -> bool:
-        """Judge the round just ended; with members, freeze those that settled. True when all did."""
-        nonlocal stopped
-        if stopped is None:
-            return bool(judge(params, joined()))
-        verdict = np.asarray(with_stopped(judge, params, joined()), dtype=bool)
-        stopped = np.where((stopped == 0) & verdict, step, stopped)
-        return bool(np.all(stopped > 0))
-
-    def partial_now(params, opt_state, step, *, at_start=False):
-        state = state_now(params, opt_state, step)
-        unbuilt = build is None or (step == 0 and not at_start)
-        posterior = None if unbuilt else with_stopped(build, params, state.arrays["losses"])
-        if posterior is not None and step < budget:
-            posterior.resume_state = state
-        return posterior, state
-
-    pace = _interrupt.ChunkPace(capacity)
-    finished = False
-    previous = None  # the state at the start of the chunk before the current one
-    with _progress.task(label, min(budget, max(config.steps, -(-step // config.steps) * config.steps))), _interrupt.guard():
-        _progress.advance(step)
-        while step < budget and not _interrupt.requested():
-            if step > 0 and step % config.steps == 0:
-                # The end of a round: stop if it settled, else go on for another round.
-                if settled(params):
-                    finished = True
-                    break
-                _progress.extend(min(budget, step + config.steps))
-            count = min(pace.next_chunk(), config.steps - step % config.steps, budget - step)
-            started = time.perf_counter()
-            frozen = () if stopped is None else (jnp.asarray(stopped > 0),)
-            new_params, new_state, losses = run_chunk(
-                objective, config, capacity, collector, problem, params, opt_state, key, jnp.asarray(step),
-                jnp.asarray(count), learning_rate, *frozen,
-            )
-            losses = np.asarray(losses)[..., :count]
-            pace.record(count, time.perf_counter() - started)
-            finite_params = all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree_util.tree_leaves(new_params))
-            if not np.all(np.isfinite(losses)) or not finite_params:
-                # The parameters before this chunk are finite, but one wild step can leave them finite
-                # and still useless (a scale of exp(-1e30) = 0): the partial result is the latest of
-                # the last two chunk starts that builds a posterior ppl.load accepts.
-                candidates = [(params, opt_state, step)] + ([previous] if previous is not None else [])
-                partial, kept = None, step
-                for old_params, old_state, old_step in candidates:
-                    # a failure keeps even the starting state: it is the last usable one
-                    partial = partial_now(old_params, old_state, old_step, at_start=True)[0]
-                    if partial is not None and _loadable(partial):
-                        kept = old_step
-                        break
-                    partial = None
-                bad_steps = ~np.isfinite(losses)
-                member, culprit = "", new_params
-                if members is not None:
-                    rows = np.flatnonzero(bad_steps.any(axis=1) | ~_finite_rows(new_params))
-                    row = int(rows[0]) if rows.size else 0
-                    member, culprit = f" in member {row}", jax.tree_util.tree_map(lambda x: x[row], new_params)
-                    bad_steps = bad_steps[row]
-                bad = np.flatnonzero(bad_steps)
-                first = step + int(bad[0]) if bad.size else step + count - 1
-                where = _nonfinite_sites(culprit, problem)
-                if partial is not None:
-                    kept_text = f" and the state after {kept} steps as a partial result in .partial"
-                elif build is not None:
-                    kept_text = " (neither of the last two states gives a usable posterior, so there is no partial result)"
-                else:
-                    kept_text = ""
-                error = NonFiniteError(
-                    f"{label}: the loss or the parameters became non-finite{member} at step {first} "
-                    f"(non-finite: {', '.join(where) or 'the loss only'}); the last finite parameters "
-                    f"(before step {step}) are kept on this error as .last_finite_params{kept_text}"
-                    " — lower learning_rate, tighten the prior, or standardise the data",
-                    step=first,
-                    last_finite_params=params,
-                )
-                error.partial = partial
-                if error.partial is not None:
-                    error.partial.status = error.partial.status._replace(failed=str(error))
-                raise error
-            previous = (params, opt_state, step)
-            params, opt_state = new_params, new_state
-            history.append(losses)
-            step += count
-            _progress.advance(count)
-            session.maybe_checkpoint(step, lambda: partial_now(params, opt_state, step))
-    if not finished and judge is not None and 0 < step < budget and step % config.steps == 0:
-        finished = settled(params)  # stopped by Ctrl-C just as a round ended
-    losses = joined()
-    if step == 0:
-        raise Interrupted(f"{label}: interrupted before the first step finished", state_now(params, opt_state, 0))
-    finished = finished or step >= budget
-    return Minimized(params, losses, None if finished else state_now(params, opt_state, step), opt_state[1], stopped)
+    # Chunks run on all the devices; everything between them stays on this process's first one.
+    def run_chunk(objective, config, capacity, collector, problem, params, opt_state, key, start, count,
+                  rate, frozen):
+        params, opt_state, key, frozen = _devices.replicate((params, opt_state, key, frozen), devices)
+        out = _run_members_chunk(objective, config, capacity, collector, problem, params, opt_state, key,
+                                 start, count, rate, frozen, devices=devices)
+        return _devices.local(out)
+    return run_chunk
 
 
 def _loadable(posterior) -> bool:

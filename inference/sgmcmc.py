@@ -50,7 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl import _interrupt, _progress
+from ppl import _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
@@ -58,6 +58,7 @@ from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
 from ppl.inference import _devices
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._loop import SamplerLoop, drive
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
 from ppl.inference.optimize import INITS, minibatch_indices
@@ -304,6 +305,15 @@ def configurational_temperature(problem, flat, key) -> float:
     return value if np.isfinite(value) else float("inf")
 
 
+def _streams(key) -> tuple:
+    """(starts, curvature, run) keys of one run of whitened chains."""
+    return tuple(jax.random.split(key, 3))
+
+
+def _temperature_key(run_key):
+    return jax.random.fold_in(run_key, 11)
+
+
 def minibatch_noise(num_data: int, batch: int | None, row_noise) -> np.ndarray | float:
     """The minibatch gradient's largest variance, K (N − B) / B (0 for the full batch)."""
     return 0.0 if batch is None or batch >= num_data else np.asarray(row_noise) * (num_data - batch) / batch
@@ -409,106 +419,7 @@ class _WhitenedChains(Method):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
-        start_key, curve_key, run_key = jax.random.split(key, 3)
-        dtype = problem.init_params.dtype
-        starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), self.init) for c in range(self.num_chains)])
-        # The first frame and curvature come from the seed's starts; warmup may re-measure them per
-        # chain (adapt_windows), and a checkpoint holds the adapted ones.
-        shared = whitening(problem, starts, curve_key)
-        frames = jax.tree_util.tree_map(lambda x: jnp.stack([x] * self.num_chains), shared)
-        tune = _Tuning(frames, np.full(self.num_chains, curvature_scale(problem, starts, curve_key, shared)), None,
-                       self._batch(problem))
-        plan = self._plan()
-        state = _initial(self, problem, frames, starts)
-        # separate streams for warmup and sampling, whatever their lengths
-        warm_keys, keys = (jax.random.split(k, self.num_chains) for k in jax.random.split(run_key))
-        draws, done, target, halved = [], 0, self.num_samples, False
-        if session.resume_state("chains") is not None:
-            draws, done, target, tune = self._resumed(session.resume, problem, tune)
-            halved = restored_halving(session.resume.progress)
-            state = restore_tree(state, session.resume.leaves, "chain state")
-        session.start_count(done)
-        devices = _devices.spread_devices(self.num_chains)
-        extension = Extension(self, session, rounds_done=target // self.num_samples, halved=halved)
-
-        def state_now():
-            leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(state))]
-            stored = np.concatenate(draws, axis=1) if draws else np.zeros((self.num_chains, 0, problem.num_params), dtype)
-            progress = {"draws_done": done, "draws_target": target, **extension.progress()}
-            return session.stamp(ResumeState("chains", progress, leaves, {"draws": stored, **tune.arrays()}))
-
-        def result_now(remeasure: bool = True):
-            # a partial result (a checkpoint mid-run, or the mixing checks between rounds) skips
-            # re-measuring curvature and noise at the draws: only a finished run's verdict uses them
-            flat = jnp.concatenate([jnp.asarray(d) for d in draws], axis=1)
-            if flat.shape[1] > extension.discarded():  # an interrupted round keeps what it has
-                flat = flat[:, extension.discarded():]
-            posterior = self._posterior(problem, tune, plan, run_key, flat, state, done, target,
-                                        remeasure=remeasure and done >= target)
-            posterior.info.update(extension.info())
-            return posterior
-
-        label = f"{self.name} ({self.num_chains} chains)"
-        with _progress.task(label, plan["warmup_calls"] + self.num_samples), _interrupt.guard():
-            if plan["warmup_calls"] and session.resume is None:
-                offset = 0
-                windows = self._windows(plan["warmup_calls"])
-                for window, length in enumerate(windows):
-                    steps = jnp.asarray(self._steps(problem, tune), dtype)
-                    state = _warm(self, problem, tune.frames, tune.batch, state, warm_keys, steps, jnp.asarray(offset),
-                                  length, devices=devices)
-                    _check_finite(self, state[0], "warmup", 0)
-                    offset += length
-                    _progress.advance(length)
-                    if window < self.adapt_windows:
-                        state, tune = self._adapt(problem, tune, state, jax.random.fold_in(curve_key, 1 + window))
-                    elif self.adapt_windows and window == len(windows) - 1:
-                        # settle: while the chains find the posterior curved more where they now stand
-                        # than the step was sized for, shrink the step and warm up one window more
-                        for extra in range(SETTLE_WINDOWS):
-                            positions = jax.vmap(lambda f, x: f.to_u(x))(tune.frames, state[0])
-                            now = _curvature_each(problem, positions, jax.random.fold_in(curve_key, 100 + extra),
-                                                  tune.frames)
-                            if np.max(now) <= SETTLE_TOLERANCE * np.max(tune.curvature):
-                                break
-                            tune = tune._replace(curvature=np.maximum(tune.curvature, now))
-                            _progress.extend(plan["warmup_calls"] + length * (extra + 1) + self.num_samples)
-                            state = _warm(self, problem, tune.frames, tune.batch, state, warm_keys,
-                                          jnp.asarray(self._steps(problem, tune), dtype), jnp.asarray(offset), length,
-                                          devices=devices)
-                            _check_finite(self, state[0], "warmup", 0)
-                            offset += length
-                            _progress.advance(length)
-            else:
-                _progress.advance(plan["warmup_calls"])
-            if done:
-                _progress.advance(done)
-            steps = jnp.asarray(self._steps(problem, tune), dtype)
-            per_round = self.num_chains * self.num_samples * problem.num_params * np.dtype(dtype).itemsize
-            while True:
-                while done < target and not _interrupt.requested():
-                    # full chunks share one compiled program; a shorter last chunk compiles once more,
-                    # so the chains never step past the draws they store
-                    count = min(DRAWS_PER_CHUNK, target - done)
-                    state, chunk = _sample(self, problem, tune.frames, tune.batch, state, keys, steps,
-                                           jnp.asarray(done), count, devices=devices)
-                    _check_finite(self, chunk, "sampling", done, partial=draws, problem=problem)
-                    draws.append(chunk)
-                    done += count
-                    _progress.advance(count)
-                    session.maybe_checkpoint(done, lambda: (result_now(), state_now()))
-                if done < target or not extension.more(result_now(remeasure=False), per_round):
-                    break
-                # the checks failed for want of draws: the same chains continue for another round
-                target += self.num_samples
-                extension.begin_round()
-                _progress.extend(plan["warmup_calls"] + target)
-        if not draws:
-            raise Interrupted(f"{self.name}: interrupted before the first draw (after warmup)", state_now())
-        posterior = result_now()
-        if done < target:
-            posterior.resume_state = state_now()
-        return posterior
+        return drive(_WhitenedLoop(self, key, problem, session), session)
 
     def _noise(self, problem, tune) -> np.ndarray:
         """Each chain's minibatch gradient noise relative to its curvature, r = v / λ: measured
@@ -612,7 +523,7 @@ class _WhitenedChains(Method):
         inflation = None if inflations[0] is None else max(inflations)
         temperature = None
         if remeasure and self._inflation(1.0, 1.0, 0.0) is not None:
-            temperature = configurational_temperature(problem, flat, jax.random.fold_in(run_key, 11))
+            temperature = configurational_temperature(problem, flat, _temperature_key(run_key))
             info["temperature"] = temperature
         chain_stats = ChainStats(step_size=np.asarray(steps, dtype=float), variance_inflation=inflation,
                                  temperature=temperature)
@@ -688,6 +599,132 @@ class _SGMCMC(_WhitenedChains):
         """Predicted worst-case variance inflation of a Langevin step ``step`` (see the module)."""
         half = step * curvature / 2.0
         return (1.0 + half * noise) / (1.0 - half) if half < 1.0 else float("inf")
+
+
+class _WhitenedLoop(SamplerLoop):
+    """One run of whitened chains for :func:`drive`: warmup in windows (each followed by re-measured
+    frames, curvature and gradient noise) in ``begin``, then draws in chunks of ``DRAWS_PER_CHUNK``."""
+
+    def __init__(self, method: _WhitenedChains, key, problem, session: Session):
+        self.method, self.problem, self.session = method, problem, session
+        start_key, self.curve_key, self.run_key = _streams(key)
+        self.dtype = problem.init_params.dtype
+        starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), method.init)
+                            for c in range(method.num_chains)])
+        # The first frame and curvature come from the seed's starts; warmup may re-measure them per
+        # chain (adapt_windows), and a checkpoint holds the adapted ones.
+        shared = whitening(problem, starts, self.curve_key)
+        frames = jax.tree_util.tree_map(lambda x: jnp.stack([x] * method.num_chains), shared)
+        self.tune = _Tuning(frames, np.full(method.num_chains, curvature_scale(problem, starts, self.curve_key, shared)),
+                            None, method._batch(problem))
+        self.plan = method._plan()
+        self.state = _initial(method, problem, frames, starts)
+        # separate streams for warmup and sampling, whatever their lengths
+        self.warm_keys, self.keys = (jax.random.split(k, method.num_chains) for k in jax.random.split(self.run_key))
+        self.draws, self.done, self.target, halved = [], 0, method.num_samples, False
+        if session.resume_state("chains") is not None:
+            self.draws, self.done, self.target, self.tune = method._resumed(session.resume, problem, self.tune)
+            halved = restored_halving(session.resume.progress)
+            self.state = restore_tree(self.state, session.resume.leaves, "chain state")
+        self.devices = _devices.spread_devices(method.num_chains)
+        self.extension = Extension(method, session, rounds_done=self.target // method.num_samples, halved=halved)
+        self.per_round = method.num_chains * method.num_samples * problem.num_params * np.dtype(self.dtype).itemsize
+        self.steps = None  # the sampling steps, fixed once warmup is over
+
+    def bars(self) -> tuple:
+        return f"{self.method.name} ({self.method.num_chains} chains)", self.plan["warmup_calls"] + self.target
+
+    def begin(self) -> None:
+        m, problem = self.method, self.problem
+        if self.plan["warmup_calls"] and self.session.resume is None:
+            offset = 0
+            windows = m._windows(self.plan["warmup_calls"])
+            for window, length in enumerate(windows):
+                self._warm(length, offset)
+                offset += length
+                if window < m.adapt_windows:
+                    self.state, self.tune = m._adapt(problem, self.tune, self.state,
+                                                     jax.random.fold_in(self.curve_key, 1 + window))
+                elif m.adapt_windows and window == len(windows) - 1:
+                    # settle: while the chains find the posterior curved more where they now stand
+                    # than the step was sized for, shrink the step and warm up one window more
+                    for extra in range(SETTLE_WINDOWS):
+                        frames = self.tune.frames
+                        positions = jax.vmap(lambda f, x: f.to_u(x))(frames, self.state[0])
+                        now = _curvature_each(problem, positions, jax.random.fold_in(self.curve_key, 100 + extra), frames)
+                        if np.max(now) <= SETTLE_TOLERANCE * np.max(self.tune.curvature):
+                            break
+                        self.tune = self.tune._replace(curvature=np.maximum(self.tune.curvature, now))
+                        _progress.extend(self.plan["warmup_calls"] + length * (extra + 1) + m.num_samples)
+                        self._warm(length, offset)
+                        offset += length
+        else:
+            _progress.advance(self.plan["warmup_calls"])
+        if self.done:
+            _progress.advance(self.done)
+        self.steps = jnp.asarray(m._steps(problem, self.tune), self.dtype)
+
+    def _warm(self, length: int, offset: int) -> None:
+        """One warmup window of ``length`` calls under the current tuning."""
+        steps = jnp.asarray(self.method._steps(self.problem, self.tune), self.dtype)
+        self.state = _warm(self.method, self.problem, self.tune.frames, self.tune.batch, self.state, self.warm_keys,
+                           steps, jnp.asarray(offset), length, devices=self.devices)
+        _check_finite(self.method, self.state[0], "warmup", 0)
+        _progress.advance(length)
+
+    def count(self) -> int:
+        return self.done
+
+    def round_over(self) -> bool:
+        return self.done >= self.target
+
+    def advance(self) -> None:
+        # full chunks share one compiled program; a shorter last chunk compiles once more, so the
+        # chains never step past the draws they store
+        count = min(DRAWS_PER_CHUNK, self.target - self.done)
+        state, chunk = _sample(self.method, self.problem, self.tune.frames, self.tune.batch, self.state, self.keys,
+                               self.steps, jnp.asarray(self.done), count, devices=self.devices)
+        _check_finite(self.method, chunk, "sampling", self.done, partial=self.draws, problem=self.problem)
+        self.state = state
+        self.draws.append(chunk)
+        self.done += count
+        _progress.advance(count)
+
+    def _state(self) -> ResumeState:
+        leaves = [np.asarray(x) for x in jax.tree_util.tree_leaves(jax.device_get(self.state))]
+        m = self.method
+        stored = (np.concatenate(self.draws, axis=1) if self.draws
+                  else np.zeros((m.num_chains, 0, self.problem.num_params), self.dtype))
+        progress = {"draws_done": self.done, "draws_target": self.target, **self.extension.progress()}
+        return self.session.stamp(ResumeState("chains", progress, leaves, {"draws": stored, **self.tune.arrays()}))
+
+    def _result(self, remeasure: bool = True) -> Posterior:
+        # a partial result (a checkpoint mid-run, or the mixing checks between rounds) skips
+        # re-measuring curvature and noise at the draws: only a finished run's verdict uses them
+        flat = jnp.concatenate([jnp.asarray(d) for d in self.draws], axis=1)
+        if flat.shape[1] > self.extension.discarded():  # an interrupted round keeps what it has
+            flat = flat[:, self.extension.discarded():]
+        posterior = self.method._posterior(self.problem, self.tune, self.plan, self.run_key, flat, self.state,
+                                           self.done, self.target, remeasure=remeasure and self.done >= self.target)
+        posterior.info.update(self.extension.info())
+        return posterior
+
+    def snapshot(self) -> tuple:
+        return self._result(), self._state()
+
+    def so_far(self) -> Posterior:
+        return self._result(remeasure=False)
+
+    def extended(self) -> None:
+        _progress.extend(self.plan["warmup_calls"] + self.target)
+
+    def finish(self) -> Posterior:
+        if not self.draws:
+            raise Interrupted(f"{self.method.name}: interrupted before the first draw (after warmup)", self._state())
+        posterior = self._result()
+        if self.done < self.target:
+            posterior.resume_state = self._state()
+        return posterior
 
 
 def _check_finite(method, values, phase, done, partial=None, problem=None):
