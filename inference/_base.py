@@ -75,6 +75,12 @@ class Method:
         steps = (posterior.options or {}).get("steps")
         return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"
 
+    @classmethod
+    def remeasure(cls, posterior, key) -> None:
+        """Measure again, on a loaded run, what the run measured at its draws and its verdict reads
+        (``key``: the run's own, from its seed), in place of the stored numbers: loading never
+        trusts a stored verdict or a number that decides one. Most methods store none."""
+
     def stored_draws(self) -> int:
         """How many draws of the flat parameter vector the result will hold (for the memory check).
         A sampler that extends its run (``time_budget``) may end with more; see ``_extend``."""

@@ -554,6 +554,19 @@ class _SGMCMC(_WhitenedChains):
         if self.batch_size is not None:
             check_positive_int(self.name, "batch_size", self.batch_size)
 
+    @classmethod
+    def remeasure(cls, posterior, key) -> None:
+        # the configurational temperature is measured at the kept draws with the run's own key: a
+        # loaded run measures it again, so that the verdict never reads a stored number
+        stats = posterior.chain_stats
+        if stats is None or stats.temperature is None:
+            return
+        temperature = configurational_temperature(posterior.problem, posterior.flat_draws,
+                                                  _temperature_key(_streams(key)[2]))
+        posterior.chain_stats = stats._replace(temperature=temperature)
+        if "temperature" in posterior.info:
+            posterior.info["temperature"] = temperature
+
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
 

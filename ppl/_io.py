@@ -1406,6 +1406,7 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
     )
     if problem.local_sites:
         posterior.local_guide = _local_guide(folder, problem, meta, arrays)
+    _remeasure(posterior, meta["seed"])
     if "heldout/X" in arrays or "heldout/y" in arrays:
         _attach_heldout(posterior, arrays, folder)
     posterior.resume_state = resume
@@ -1413,6 +1414,18 @@ def _load_from(snapshot: _Snapshot, model, trust: bool):
     posterior.provenance = _replacement_from_records(meta, problem.model, folder)
     # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
     return posterior, resume, meta
+
+
+def _remeasure(posterior, seed) -> None:
+    """The method measures again what it measured at the draws and its verdict reads (SG-MCMC's
+    temperature), with the run's own key when the seed is saved: no stored number decides a verdict."""
+    import jax.numpy as jnp
+
+    from ppl._posterior import as_key
+    from ppl.inference.registry import get
+
+    key = as_key(0 if seed is None else seed if isinstance(seed, int) else jnp.asarray(seed, dtype=jnp.uint32))
+    get(posterior.method).remeasure(posterior, key)
 
 
 def _attach_heldout(posterior, arrays: dict, folder: Path) -> None:

@@ -6,6 +6,10 @@ bulk ESS ≥ 300 is below 0.06 sd, so these bounds test the samplers, not the no
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,6 +19,9 @@ from conftest import flat_params
 import ppl
 from ppl.diagnostics import _arviz
 from ppl.inference.sgmcmc import whitening
+
+sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+from make_malicious_run import reseal  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +242,23 @@ def test_the_frame_holds_the_noise_scales_curvature():
     # the network's block is still the GGN's (unchanged)
     weights = np.flatnonzero(network_mask(problem))
     assert np.all(np.diag(frame)[weights] > 0)
+
+
+def test_a_loaded_run_measures_its_temperature_again(linear_model, linear_data, tmp_path):
+    # the configurational temperature decides the verdict (ε = 1.5 spreads the draws about 4× in
+    # variance: T ≈ 3.6 > 1.25); a saved run whose stored temperature was edited to 1.0 loads with
+    # the value measured again at its draws with its own key, bit for bit the fit's, and still fails
+    post = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, step_size=1.5, num_samples=200,
+                   num_warmup=200, time_budget=0)
+    assert post.chain_stats.temperature > 2.0 and not post.diagnostics().ok
+    post.save(tmp_path / "run")
+    meta_path = tmp_path / "run" / "posterior.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["records"]["chain_stats"]["temperature"] == pytest.approx(post.chain_stats.temperature)
+    meta["records"]["chain_stats"]["temperature"] = 1.0
+    meta_path.write_text(json.dumps(meta))
+    reseal(tmp_path / "run")
+    loaded = ppl.load(tmp_path / "run")
+    assert loaded.chain_stats.temperature == post.chain_stats.temperature
+    assert not loaded.diagnostics().ok
+    assert any("configurational temperature" in w for w in loaded.diagnostics().warnings)
