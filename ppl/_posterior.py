@@ -774,6 +774,16 @@ class Posterior:
             self._cache["diagnostics"] = compute_diagnostics(self)
         return self._cache["diagnostics"]
 
+    def summary(self, prob: float = 0.9, exclude_deterministic: bool = True):
+        """Per-parameter mean, sd, median, central ``prob`` interval, bulk ESS and R-hat, one row
+        per scalar element of each site, in the shape of NumPyro's ``print_summary`` (print it).
+        ESS and R-hat appear only where they apply to these draws (R-hat for Markov chains; ESS
+        also for independent draws of an approximation; neither for a point or an ensemble). It
+        reads the stored draws alone, so a run loaded without its program has one too."""
+        from ppl.diagnostics.summary import summary
+
+        return summary(self, prob, exclude_deterministic)
+
     def to_arviz(self):
         """``arviz.InferenceData`` with posterior, sample_stats, log_likelihood, observed_data."""
         self._attached("to_arviz")

@@ -71,6 +71,31 @@ def test_arviz_export_is_accepted(nuts_linear, linear_model, linear_data):
     matplotlib.pyplot.close("all")
 
 
+def test_summary_has_numpyro_s_shape_and_arviz_s_numbers(nuts_linear, linear_model, linear_data):
+    # one row per scalar element of each latent site; mean/sd/median/interval from the pooled draws,
+    # n_eff and r_hat as az.summary computes ess_bulk and r_hat for the same chains
+    table = nuts_linear.summary(prob=0.8)
+    reference = az.summary(nuts_linear.to_arviz(), var_names=["b", "w"], kind="diagnostics")
+    assert table.columns == ("mean", "std", "median", "10.0%", "90.0%", "n_eff", "r_hat")
+    assert list(table.rows) == ["b", "w[0]", "w[1]", "w[2]"]
+    w = np.asarray(nuts_linear.draws["w"]).reshape(-1, 3)
+    row = table.rows["w[1]"]
+    assert row["mean"] == pytest.approx(w[:, 1].mean()) and row["std"] == pytest.approx(w[:, 1].std(ddof=1))
+    assert (row["10.0%"], row["median"], row["90.0%"]) == pytest.approx(tuple(np.quantile(w[:, 1], [0.1, 0.5, 0.9])))
+    for name, values in table.rows.items():
+        assert values["n_eff"] == pytest.approx(reference.loc[name, "ess_bulk"], abs=0.51)  # ArviZ rounds to integers
+        assert values["r_hat"] == pytest.approx(reference.loc[name, "r_hat"], abs=0.006)
+    text = str(table)
+    assert "w[2]" in text and "Number of divergences: 0" in text and "Markov chains" in text
+    # independent draws of an approximation: ESS applies, R-hat does not; a point: neither
+    exact = ppl.fit(linear_model, linear_data.train, method="exact", seed=0).summary()
+    assert exact.rows["b"]["n_eff"] > 100 and exact.rows["b"]["r_hat"] is None and exact.divergences is None
+    point = ppl.fit(linear_model, linear_data.train, method="map", seed=0).summary()
+    assert point.rows["b"]["n_eff"] is None and point.rows["b"]["std"] == 0.0 and "—" in str(point)
+    with pytest.raises(ValueError, match="prob must be a number in"):
+        nuts_linear.summary(prob=90)
+
+
 def test_log_prob_matches_the_family(linear_model, linear_data):
     post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0)
     draws = post.sample(11, seed=4)
