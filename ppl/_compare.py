@@ -11,6 +11,7 @@ total variation, Izmailov et al. 2021; for regression the Wasserstein-1 distance
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -402,7 +403,7 @@ def _diagnostic_columns(row: dict, d) -> None:
         function_ess_bulk_min=next((c.value for c in d.checks if c.field == "function_ess_bulk_min"), None),
         divergences=d.divergences, khat=d.khat, khat_threshold=d.khat_threshold, elpd_loo=d.elpd_loo,
         elpd_loo_se=d.elpd_loo_se, loo_khat_bad=d.loo_khat_bad, ok=d.ok,
-        problems=[check.message for check in d.failed],
+        problems=[check.message for check in d.failed], failed_checks=[check.field for check in d.failed],
     )
 
 
@@ -423,7 +424,7 @@ COLUMNS = (
     "divergences", "khat",
     "khat_threshold", "elpd_loo", "elpd_loo_se", "elpd_diff", "elpd_diff_se", "loo_khat_bad", "nll", "accuracy",
     "rmse", "ece", "brier", "coverage_90", "auroc_entropy", "auroc_mi", "selective_area", "agreement",
-    "total_variation", "wasserstein1", "ok", "problems",
+    "total_variation", "wasserstein1", "ok", "problems", "failed_checks",
 )
 
 
@@ -497,7 +498,7 @@ def format_table(record: dict) -> str:
             ("W1", lambda r: _number(r["wasserstein1"], ".3f")),
         ]
     title = f"compare — {record['model']} on {record['data']} ({task}), seed {record['seed']}"
-    lines = [title, "", "fit and diagnostics:", *_grid(fit_columns, [r for r in rows if not r["error"]])]
+    lines = [title, "", *textwrap.wrap(_reading(rows), 100), "", "fit and diagnostics:", *_grid(fit_columns, [r for r in rows if not r["error"]])]
     lines += ["", "test predictions" + (f" (agreement, TV and W1 against {record['reference']})"
                                         if record["reference"] else "") + ":",
               *_grid(predict_columns, [r for r in rows if not r["error"]])]
@@ -520,6 +521,46 @@ def format_table(record: dict) -> str:
                      "inputs first")
     lines += [""] + [f"note: {n}" for n in notes]
     return "\n".join(lines)
+
+
+# What a failed check says in a word, for the table's opening line (by the check's field).
+_FLAGS = (
+    ("khat", "k-hat: the approximation puts its mass where the posterior has little"),
+    ("rhat", "R-hat: the chains disagree, they have not mixed"),
+    ("ess", "ESS: too few effective draws"),
+    ("temperature", "temperature: the draws are hotter than the posterior"),
+    ("variance_inflation", "step size: the draws are spread wider than the posterior"),
+    ("dispersion", "under-dispersion: the approximation is narrower than the curvature allows"),
+    ("psis", "moments: importance weights move the approximation's mean or sd"),
+    ("heldout", "held-out data: the predictive does worse than a trivial baseline"),
+    ("divergences", "divergences: the sampler could not follow the posterior's curvature"),
+)
+
+
+def _reading(rows: list) -> str:
+    """One paragraph for a newcomer: which methods can be trusted here, and why the others are
+    flagged (the first failed check of each, in a word)."""
+    fitted = [r for r in rows if not r["error"]]
+    trusted = [r["method"] for r in fitted if r["ok"]]
+    flagged: dict = {}
+    for r in fitted:
+        if r["ok"] is False:
+            fields = r.get("failed_checks") or []
+            reason = next((text for key, text in _FLAGS for f in fields if key in f),
+                          f"{fields[0]}" if fields else "its run did not finish or converge")
+            flagged.setdefault(reason, []).append(r["method"])
+    parts = [f"In short: {len(trusted)} of {len(rows)} methods pass their own checks"
+             + (f" and can be trusted here ({', '.join(trusted)})." if trusted else ".")]
+    if flagged:
+        count = sum(map(len, flagged.values()))
+        reasons = "; ".join(f"{', '.join(methods)} — {reason}" for reason, methods in flagged.items())
+        parts.append(f"{count} {'is' if count == 1 else 'are'} flagged, each for a measured reason given below the "
+                     f"tables ({reasons}). A flag is the diagnostics doing their job: use a method that passed, or "
+                     "follow the remedy named in the flag.")
+    failed = [r["method"] for r in rows if r["error"]]
+    if failed:
+        parts.append(f"{', '.join(failed)} failed to run (the error is below).")
+    return " ".join(parts)
 
 
 def _grid(columns, rows) -> list[str]:

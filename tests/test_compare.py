@@ -12,6 +12,7 @@ import pytest
 
 import ppl
 from ppl import _interrupt, _progress
+from ppl._compare import format_table
 from ppl.cli import main
 from ppl.diagnostics import wasserstein1
 from ppl.models import LinearRegression
@@ -67,6 +68,16 @@ def test_table_names_the_failure_and_the_reference(linear_result):
     assert "exact (ref)" in text
     assert re.search(r"nuts: the fit failed: .*GiB", text)
     assert "W1" in text
+    # the opening reading for a newcomer: who passed, who is flagged and why in a word, who failed
+    reading = " ".join(text.split("\n\n")[1].split())
+    assert reading.startswith("In short: 3 of 4 methods pass their own checks and can be trusted here (exact, map, laplace).")
+    assert reading.endswith("nuts failed to run (the error is below).")
+    record = linear_result.to_dict()
+    flagged = next(r for r in record["rows"] if r["method"] == "laplace")
+    flagged.update(ok=False, failed_checks=["khat", "dispersion_min"], problems=["k-hat 2.8 > 0.7", "narrow"])
+    reading = " ".join(format_table(record).split("\n\n")[1].split())
+    assert "2 of 4 methods pass" in reading
+    assert "1 is flagged, each for a measured reason given below the tables (laplace — k-hat:" in reading
 
 
 def test_an_interrupted_comparison_continues_from_its_fits_folder(monkeypatch, tmp_path):
