@@ -75,13 +75,22 @@ STEP_FACTOR = 0.1  # ε λ (1 + r) for the automatic Langevin step size
 SGHMC_STEP_FACTOR = 0.25  # ε √(λ (1 + r)) for the automatic SGHMC step size
 EXPLORATION_CAP = 1.0  # the largest ε λ (1 + r) at the top of a cyclical SGLD cycle
 NOISE_SHARE = 0.1  # the variance inflation the automatic SGHMC step allows the gradient noise
+ANCHOR_STREAM = 17  # the key stream (of the chains' starts) of the control variates' MAP runs
 
 
 class Whitening(NamedTuple):
-    """u = L z; ``inverse`` maps back (dense matrices, or vectors for a diagonal L)."""
+    """The frame a chain's gradient is taken in: u = L z, ``inverse`` maps back (dense matrices, or
+    vectors for a diagonal L). With control variates, also the chain's anchor: a mode û of the
+    log density and its full-data gradient there (both in u), see ``_gradient``."""
 
     L: jax.Array
     inverse: jax.Array
+    anchor: jax.Array | None = None
+    anchor_grad: jax.Array | None = None
+
+    def anchored(self, other: "Whitening") -> "Whitening":
+        """This frame with ``other``'s anchor (a re-measured frame keeps the chain's anchor)."""
+        return self._replace(anchor=other.anchor, anchor_grad=other.anchor_grad)
 
     def to_u(self, z):
         return self.L @ z if self.L.ndim == 2 else self.L * z
@@ -209,9 +218,21 @@ def _gradient(problem, white, step=None):
     step (its gradients grow faster than linearly with the weights), an uncapped chain oscillates
     with growing amplitude until its outputs overflow (seen on the main job's BNN), while a capped
     one moves by a bounded amount and returns. It is the coordinate-wise taming of Brosse, Durmus,
-    Moulines & Sabanis (2019) in its clipping form."""
+    Moulines & Sabanis (2019) in its clipping form.
+
+    With an anchor in the frame (``control_variate=True``) and a minibatch, the estimate is
+    ∇log p̃(û) + ∇log p̃_B(u) − ∇log p̃_B(û) (Baker, Fearnhead, Fox & Nemeth 2019): unbiased like the
+    plain minibatch gradient, but its noise comes from the rows' gradient *differences* between u
+    and the mode û, which vanish as u nears û, instead of from the rows' gradients themselves. It
+    costs a second minibatch gradient per step."""
+    grad_fn = jax.grad(problem.logdensity_fn)
+
     def estimate(z, rows):
-        grad = white.pull(jax.grad(problem.logdensity_fn)(white.to_u(z), None if rows is None else problem.batch(rows)))
+        batch = None if rows is None else problem.batch(rows)
+        g = grad_fn(white.to_u(z), batch)
+        if white.anchor is not None and batch is not None:
+            g = g - grad_fn(white.anchor, batch) + white.anchor_grad
+        grad = white.pull(g)
         if step is None:
             return grad
         bound = DRIFT_CAP / step
@@ -242,13 +263,26 @@ def _row_noise(problem, white, u, key, rows: int):
     def per_row(z):
         return problem.pointwise_loglik(white.to_u(z), data)
 
+    # the rows' gradients at z, less their gradients at the anchor under control variates: D v is
+    # the JVP and Dᵀ r the VJP of those differences
     z = white.to_z(u)
     values, pull = jax.vjp(per_row, z)
+    anchor = None if white.anchor is None else white.to_z(white.anchor)
+    pull_anchor = None if anchor is None else jax.vjp(per_row, anchor)[1]
+
+    def D(v):
+        out = jax.jvp(per_row, (z,), (v,))[1]
+        return out if anchor is None else out - jax.jvp(per_row, (anchor,), (v,))[1]
+
+    def Dt(r):
+        out = pull(r)[0]
+        return out if pull_anchor is None else out - pull_anchor(r)[0]
+
     n = values.shape[0]
-    mean = pull(jnp.full((n,), 1.0 / n, values.dtype))[0]
+    mean = Dt(jnp.full((n,), 1.0 / n, values.dtype))
 
     def covariance(v):
-        return pull(jax.jvp(per_row, (z,), (v,))[1])[0] / n - mean * jnp.vdot(mean, v)
+        return Dt(D(v)) / n - mean * jnp.vdot(mean, v)
 
     top = largest_eigenvalue(covariance, jax.random.fold_in(key, 1), z, POWER_ITERATIONS)
     return n_data * n_data * top / (max(n_data - 1, 1) * problem.temperature ** 2)
@@ -336,7 +370,10 @@ class _Tuning(NamedTuple):
     batch: int | None
 
     def arrays(self) -> dict:
+        anchor, anchor_grad = ((np.zeros(0), np.zeros(0)) if self.frames.anchor is None
+                               else (np.asarray(self.frames.anchor), np.asarray(self.frames.anchor_grad)))
         return {"frame_L": np.asarray(self.frames.L), "frame_inverse": np.asarray(self.frames.inverse),
+                "anchor": anchor, "anchor_grad": anchor_grad,
                 "curvature": np.asarray(self.curvature, np.float64),
                 "row_noise": np.zeros(0) if self.row_noise is None else np.asarray(self.row_noise, np.float64),
                 "batch": np.asarray(0 if self.batch is None else self.batch, np.int64)}
@@ -353,8 +390,9 @@ class _Tuning(NamedTuple):
                 "chains; it was written by another version or with other options — start afresh without resume"
             )
 
+        anchors = (0,) if template.frames.anchor is None else template.frames.anchor.shape
         for name, shape in (("frame_L", template.frames.L.shape), ("frame_inverse", template.frames.inverse.shape),
-                            ("curvature", (chains,))):
+                            ("curvature", (chains,)), ("anchor", anchors), ("anchor_grad", anchors)):
             if got[name].shape != shape or not np.all(np.isfinite(got[name])):
                 fail(name, f"finite and of shape {list(shape)}")
         if got["row_noise"].shape not in ((0,), (chains,)) or not np.all(np.isfinite(got["row_noise"])):
@@ -363,7 +401,11 @@ class _Tuning(NamedTuple):
         if batch.shape != () or not 0 <= int(batch) <= (problem.num_data or 0):
             fail("batch", "a batch size no larger than the data")
         dtype = template.frames.L.dtype
-        return _Tuning(Whitening(jnp.asarray(got["frame_L"], dtype), jnp.asarray(got["frame_inverse"], dtype)),
+        frames = Whitening(jnp.asarray(got["frame_L"], dtype), jnp.asarray(got["frame_inverse"], dtype))
+        if template.frames.anchor is not None:
+            frames = frames._replace(anchor=jnp.asarray(got["anchor"], dtype),
+                                     anchor_grad=jnp.asarray(got["anchor_grad"], dtype))
+        return _Tuning(frames,
                        got["curvature"], got["row_noise"] if got["row_noise"].size else None, int(batch) or None)
 
 
@@ -456,7 +498,7 @@ class _WhitenedChains(Method):
         new frames (the positions u do not move)."""
         z, extra = state
         positions = jax.vmap(lambda f, x: f.to_u(x))(tune.frames, z)
-        frames = whitening_each(problem, positions, key)
+        frames = whitening_each(problem, positions, key).anchored(tune.frames)
         curvature = _curvature_each(problem, positions, key, frames)
         noise = None if tune.batch is None else row_noise(problem, frames, positions, jax.random.fold_in(key, 3))
         if not (np.all(np.isfinite(curvature)) and (noise is None or np.all(np.isfinite(noise)))):
@@ -546,6 +588,7 @@ class _SGMCMC(_WhitenedChains):
 
     step_size: float | None = None
     batch_size: int | None = None
+    control_variate: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -569,6 +612,23 @@ class _SGMCMC(_WhitenedChains):
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+
+    def _anchors(self, problem, key) -> tuple:
+        """(modes, full-data gradients there, info) of the chains under control variates: one MAP
+        per chain from the chains' own kind of start, trained together as an ensemble with the
+        model's own prior. A mode the optimiser left short is still a valid anchor (the estimate
+        stays unbiased); it only removes less of the noise."""
+        from ppl.inference.ensemble import Ensemble
+
+        fit = Ensemble(num_members=self.num_chains, init=self.init, prior_precision=None).run(key, problem)
+        modes = jnp.asarray(fit.flat_draws[:, 0, :])
+        grads = jax.vmap(lambda u: jax.grad(problem.logdensity_fn)(u, None))(modes)
+        if not (np.all(np.isfinite(np.asarray(modes))) and np.all(np.isfinite(np.asarray(grads)))):
+            raise NonFiniteError(
+                f"{self.name}: a chain's anchor (its MAP) or the gradient there is not finite; run without "
+                "control_variate, or check the model's log density", step=0, last_finite_params=None,
+            )
+        return modes, grads, {"anchor_converged": bool(fit.status.converged), "anchor_steps": int(fit.status.steps_done)}
 
     def _batch(self, problem):
         if not problem.is_declarative:
@@ -624,10 +684,21 @@ class _WhitenedLoop(SamplerLoop):
         self.dtype = problem.init_params.dtype
         starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), method.init)
                             for c in range(method.num_chains)])
+        self.anchor_info: dict = {}
+        anchors = None
+        if getattr(method, "control_variate", False):
+            if session.resume_state("chains") is None:
+                # each chain starts at its own mode, its anchor
+                anchors, grads, self.anchor_info = method._anchors(problem, jax.random.fold_in(start_key, ANCHOR_STREAM))
+                starts = anchors
+            else:  # the checkpoint holds them
+                anchors = grads = jnp.zeros_like(starts)
         # The first frame and curvature come from the seed's starts; warmup may re-measure them per
         # chain (adapt_windows), and a checkpoint holds the adapted ones.
         shared = whitening(problem, starts, self.curve_key)
         frames = jax.tree_util.tree_map(lambda x: jnp.stack([x] * method.num_chains), shared)
+        if anchors is not None:
+            frames = frames._replace(anchor=anchors, anchor_grad=grads)
         self.tune = _Tuning(frames, np.full(method.num_chains, curvature_scale(problem, starts, self.curve_key, shared)),
                             None, method._batch(problem))
         self.plan = method._plan()
@@ -720,6 +791,7 @@ class _WhitenedLoop(SamplerLoop):
         posterior = self.method._posterior(self.problem, self.tune, self.plan, self.run_key, flat, self.state,
                                            self.done, self.target, remeasure=remeasure and self.done >= self.target)
         posterior.info.update(self.extension.info())
+        posterior.info.update(self.anchor_info)
         return posterior
 
     def snapshot(self) -> tuple:
