@@ -102,6 +102,7 @@ def fit(
     heldout = None
     if validation is not None:
         data, heldout = _split_validation(model, data, validation, seed)
+    _warn_if_labels_fit_as_numbers(model, data)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
     if problem.local_sites and not method_obj.supports_local:
         raise OptionError(
@@ -177,6 +178,32 @@ def _convergence_shortfall(posterior) -> list:
 
 
 VALIDATION_STREAM = 2  # the random stream (split from the seed) that picks the held-out rows
+
+
+MAX_LABELS = 10  # integer targets 0..K−1 with K up to this look like class labels
+
+
+def _warn_if_labels_fit_as_numbers(model, data) -> None:
+    """Warn when a regression likelihood is about to fit what look like class labels: integer (or
+    boolean) targets that are exactly 0, 1, …, K − 1. ``BNN()``'s default likelihood is Gaussian, so
+    ``ppl.fit(BNN(), two_moons.train)`` would otherwise fit a regression to the labels in silence
+    (the command line picks the likelihood from the data; Python takes the model as declared)."""
+    import warnings
+
+    if getattr(model, "likelihood", None) != "gaussian" or not isinstance(data, (tuple, list)) or len(data) != 2:
+        return
+    y = np.asarray(data[1]) if data[1] is not None else None
+    if y is None or y.ndim != 1 or y.dtype.kind not in "biu":
+        return
+    values = np.unique(y)
+    if 2 <= values.size <= MAX_LABELS and np.array_equal(values, np.arange(values.size)):
+        classes = "two classes: likelihood='bernoulli'" if values.size == 2 else "likelihood='categorical'"
+        warnings.warn(
+            f"the targets y are the integers 0..{values.size - 1}, which look like class labels, but "
+            f"{type(model).__name__}'s likelihood is 'gaussian': they will be fitted as real numbers (regression). "
+            f"For classification declare {classes}; for integer-valued regression pass y as floats to silence this",
+            UserWarning, stacklevel=3,
+        )
 
 
 def _split_validation(model, data, fraction, seed) -> tuple:

@@ -8,12 +8,14 @@ import os
 import stat
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 import ppl
 from ppl._results import Check, Diagnostics
+from ppl.models import BNN
 
 
 def _ppl(*args, cwd, timeout=600):
@@ -342,3 +344,18 @@ def test_the_python_api_suggests_too():
         ppl.fit(BNN(), (np.zeros((4, 2)), np.zeros(4)), method="laplace", seed=0, hessian="kfak")
     with pytest.raises(OptionError, match=r"did you mean 'hessian'\?"):
         ppl.fit(BNN(), (np.zeros((4, 2)), np.zeros(4)), method="laplace", seed=0, hesian="full")
+
+
+def test_class_labels_fitted_by_a_regression_likelihood_are_warned_about():
+    # BNN()'s likelihood is Gaussian: 0/1 integer labels would be fitted as numbers in silence
+    data = ppl.datasets.load("two_moons", seed=0)
+    X, y = data.train
+    with pytest.warns(UserWarning, match=r"integers 0\.\.1, which look like class labels.*likelihood='bernoulli'"):
+        ppl.fit(BNN(hidden=(4,)), (X[:40], np.asarray(y[:40], dtype=int)), method="map", seed=0, steps=50)
+    # float targets, labels declared as such, and integer targets that are not 0..K-1 are left alone
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ppl.fit(BNN(hidden=(4,)), (X[:40], np.asarray(y[:40], dtype=float)), method="map", seed=0, steps=50)
+        ppl.fit(BNN(hidden=(4,), likelihood="bernoulli"), (X[:40], np.asarray(y[:40], dtype=int)), method="map",
+                seed=0, steps=50)
+        ppl.fit(BNN(hidden=(4,)), (X[:40], np.arange(40) % 5 + 3), method="map", seed=0, steps=50)
