@@ -691,8 +691,9 @@ class _WhitenedLoop(SamplerLoop):
                 # each chain starts at its own mode, its anchor
                 anchors, grads, self.anchor_info = method._anchors(problem, jax.random.fold_in(start_key, ANCHOR_STREAM))
                 starts = anchors
-            else:  # the checkpoint holds them
+            else:  # the checkpoint holds them, and what their MAP runs reported
                 anchors = grads = jnp.zeros_like(starts)
+                self.anchor_info = _restored_anchor_info(session.resume.progress)
         # The first frame and curvature come from the seed's starts; warmup may re-measure them per
         # chain (adapt_windows), and a checkpoint holds the adapted ones.
         shared = whitening(problem, starts, self.curve_key)
@@ -779,7 +780,8 @@ class _WhitenedLoop(SamplerLoop):
         m = self.method
         stored = (np.concatenate(self.draws, axis=1) if self.draws
                   else np.zeros((m.num_chains, 0, self.problem.num_params), self.dtype))
-        progress = {"draws_done": self.done, "draws_target": self.target, **self.extension.progress()}
+        progress = {"draws_done": self.done, "draws_target": self.target, **self.extension.progress(),
+                    **self.anchor_info}
         return self.session.stamp(ResumeState("chains", progress, leaves, {"draws": stored, **self.tune.arrays()}))
 
     def _result(self, remeasure: bool = True) -> Posterior:
@@ -810,6 +812,17 @@ class _WhitenedLoop(SamplerLoop):
         if self.done < self.target:
             posterior.resume_state = self._state()
         return posterior
+
+
+def _restored_anchor_info(progress: dict) -> dict:
+    """What a checkpoint records of the anchors' MAP runs, checked (the file is not trusted)."""
+    converged, steps = progress.get("anchor_converged"), progress.get("anchor_steps")
+    if not isinstance(converged, bool) or isinstance(steps, bool) or not isinstance(steps, int) or steps < 0:
+        raise ResumeError(
+            f"the checkpoint's record of the control variates' anchors (anchor_converged={converged!r}, "
+            f"anchor_steps={steps!r}) is not a true/false and a step count; start afresh without resume"
+        )
+    return {"anchor_converged": converged, "anchor_steps": steps}
 
 
 def _check_finite(method, values, phase, done, partial=None, problem=None):

@@ -295,3 +295,5 @@ def test_control_variates_remove_most_of_the_minibatch_noise_and_resume(linear_m
     resumed = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, control_variate=True,
                       resume=tmp_path / "ck", **options)
     np.testing.assert_array_equal(resumed.flat_draws, runs[True].flat_draws)
+    assert resumed.info["anchor_converged"] == runs[True].info["anchor_converged"]
+    assert resumed.info["anchor_steps"] == runs[True].info["anchor_steps"]
