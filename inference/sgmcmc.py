@@ -461,7 +461,10 @@ class _WhitenedChains(Method):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
-        return drive(_WhitenedLoop(self, key, problem, session), session)
+        anchors = None
+        if getattr(self, "control_variate", False):
+            anchors, session = self._anchored(key, problem, session)
+        return drive(_WhitenedLoop(self, key, problem, session, anchors), session)
 
     def _noise(self, problem, tune) -> np.ndarray:
         """Each chain's minibatch gradient noise relative to its curvature, r = v / λ: measured
@@ -612,15 +615,39 @@ class _SGMCMC(_WhitenedChains):
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
+        if self.control_variate:
+            n = problem.num_data if problem.is_declarative else None
+            full = n is None or (self.batch_size is None and n <= MAX_AUTO_BATCH) or (self.batch_size or 0) >= n
+            if full:
+                rows = "a plain program's data are not cut into rows" if n is None else (
+                    f"batch_size={self.batch_size} takes all {n} rows per step" if self.batch_size is not None
+                    else f"batch_size=None takes all {n} rows per step (up to {MAX_AUTO_BATCH})")
+                raise OptionError(
+                    f"{self.name}: control_variate=True corrects minibatch gradients, but this run has none ({rows}); "
+                    "its anchors' MAP runs and second gradient per step would buy nothing — set batch_size below "
+                    "the number of rows, or leave control_variate off"
+                )
 
-    def _anchors(self, problem, key) -> tuple:
-        """(modes, full-data gradients there, info) of the chains under control variates: one MAP
+    def _anchored(self, key, problem, session: Session) -> tuple:
+        """(the chains' anchors, the session of the chains' phase) under control variates: one MAP
         per chain from the chains' own kind of start, trained together as an ensemble with the
-        model's own prior. A mode the optimiser left short is still a valid anchor (the estimate
+        model's own prior, in a phase of its own (``"anchors"``: a Ctrl-C there keeps its state,
+        and resuming continues it), then the chains' phase (``"chains"``), whose checkpoints also
+        hold the anchors. A mode the optimiser left short is still a valid anchor (the estimate
         stays unbiased); it only removes less of the noise."""
         from ppl.inference.ensemble import Ensemble
 
-        fit = Ensemble(num_members=self.num_chains, init=self.init, prior_precision=None).run(key, problem)
+        if session.resumed_phase() == "chains":  # the checkpoint holds the anchors
+            info = _restored_anchor_info(session.resume.progress)
+            return _Anchors(None, None, info), session.phase("chains", **info)
+        fit = Ensemble(num_members=self.num_chains, init=self.init, prior_precision=None).run(
+            jax.random.fold_in(_streams(key)[0], ANCHOR_STREAM), problem,
+            session=session.phase("anchors", partial_results=False))
+        if fit.status.interrupted:
+            raise Interrupted(
+                f"{self.name}: interrupted while finding the chains' anchors (their MAP runs), after "
+                f"{fit.status.steps_done} steps; the state is kept — resume continues it", fit.resume_state,
+            )
         modes = jnp.asarray(fit.flat_draws[:, 0, :])
         grads = jax.vmap(lambda u: jax.grad(problem.logdensity_fn)(u, None))(modes)
         if not (np.all(np.isfinite(np.asarray(modes))) and np.all(np.isfinite(np.asarray(grads)))):
@@ -628,7 +655,8 @@ class _SGMCMC(_WhitenedChains):
                 f"{self.name}: a chain's anchor (its MAP) or the gradient there is not finite; run without "
                 "control_variate, or check the model's log density", step=0, last_finite_params=None,
             )
-        return modes, grads, {"anchor_converged": bool(fit.status.converged), "anchor_steps": int(fit.status.steps_done)}
+        info = {"anchor_converged": bool(fit.status.converged), "anchor_steps": int(fit.status.steps_done)}
+        return _Anchors(modes, grads, info), session.phase("chains", **info)
 
     def _batch(self, problem):
         if not problem.is_declarative:
@@ -678,28 +706,24 @@ class _WhitenedLoop(SamplerLoop):
     """One run of whitened chains for :func:`drive`: warmup in windows (each followed by re-measured
     frames, curvature and gradient noise) in ``begin``, then draws in chunks of ``DRAWS_PER_CHUNK``."""
 
-    def __init__(self, method: _WhitenedChains, key, problem, session: Session):
+    def __init__(self, method: _WhitenedChains, key, problem, session: Session, anchors: "_Anchors | None" = None):
         self.method, self.problem, self.session = method, problem, session
         start_key, self.curve_key, self.run_key = _streams(key)
         self.dtype = problem.init_params.dtype
         starts = jnp.stack([problem.init_position(jax.random.fold_in(start_key, c), method.init)
                             for c in range(method.num_chains)])
-        self.anchor_info: dict = {}
-        anchors = None
-        if getattr(method, "control_variate", False):
-            if session.resume_state("chains") is None:
-                # each chain starts at its own mode, its anchor
-                anchors, grads, self.anchor_info = method._anchors(problem, jax.random.fold_in(start_key, ANCHOR_STREAM))
-                starts = anchors
-            else:  # the checkpoint holds them, and what their MAP runs reported
-                anchors = grads = jnp.zeros_like(starts)
-                self.anchor_info = _restored_anchor_info(session.resume.progress)
+        self.anchor_info = {} if anchors is None else anchors.info
+        if anchors is not None:
+            if anchors.modes is None:  # resumed: the checkpoint's tuning holds them
+                anchors = anchors._replace(modes=jnp.zeros_like(starts), grads=jnp.zeros_like(starts))
+            else:
+                starts = anchors.modes  # each chain starts at its own mode, its anchor
         # The first frame and curvature come from the seed's starts; warmup may re-measure them per
         # chain (adapt_windows), and a checkpoint holds the adapted ones.
         shared = whitening(problem, starts, self.curve_key)
         frames = jax.tree_util.tree_map(lambda x: jnp.stack([x] * method.num_chains), shared)
         if anchors is not None:
-            frames = frames._replace(anchor=anchors, anchor_grad=grads)
+            frames = frames._replace(anchor=anchors.modes, anchor_grad=anchors.grads)
         self.tune = _Tuning(frames, np.full(method.num_chains, curvature_scale(problem, starts, self.curve_key, shared)),
                             None, method._batch(problem))
         self.plan = method._plan()
@@ -780,8 +804,7 @@ class _WhitenedLoop(SamplerLoop):
         m = self.method
         stored = (np.concatenate(self.draws, axis=1) if self.draws
                   else np.zeros((m.num_chains, 0, self.problem.num_params), self.dtype))
-        progress = {"draws_done": self.done, "draws_target": self.target, **self.extension.progress(),
-                    **self.anchor_info}
+        progress = {"draws_done": self.done, "draws_target": self.target, **self.extension.progress()}
         return self.session.stamp(ResumeState("chains", progress, leaves, {"draws": stored, **self.tune.arrays()}))
 
     def _result(self, remeasure: bool = True) -> Posterior:
@@ -812,6 +835,15 @@ class _WhitenedLoop(SamplerLoop):
         if self.done < self.target:
             posterior.resume_state = self._state()
         return posterior
+
+
+class _Anchors(NamedTuple):
+    """The chains' anchors under control variates: modes and full-data gradients there (C, P) in u
+    (None when a checkpoint will restore them), and what their MAP runs reported."""
+
+    modes: jax.Array | None
+    grads: jax.Array | None
+    info: dict
 
 
 def _restored_anchor_info(progress: dict) -> dict:

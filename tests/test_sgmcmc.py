@@ -105,6 +105,10 @@ def test_bad_options_are_refused(linear_model, linear_data):
         ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, batch_size=100)
     with pytest.raises(ppl.OptionError, match="step_size must be a positive"):
         ppl.fit(linear_model, linear_data.train, method="sghmc", seed=0, step_size=-1.0)
+    # control variates need minibatches: on full batches they would cost MAP runs and buy nothing
+    for batch in (None, 80):
+        with pytest.raises(ppl.OptionError, match="control_variate=True corrects minibatch gradients"):
+            ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, control_variate=True, batch_size=batch)
 
 
 def test_ctrl_c_keeps_the_draws_so_far_and_never_looks_complete(monkeypatch, linear_model, linear_data, tmp_path):
@@ -297,3 +301,22 @@ def test_control_variates_remove_most_of_the_minibatch_noise_and_resume(linear_m
     np.testing.assert_array_equal(resumed.flat_draws, runs[True].flat_draws)
     assert resumed.info["anchor_converged"] == runs[True].info["anchor_converged"]
     assert resumed.info["anchor_steps"] == runs[True].info["anchor_steps"]
+
+
+def test_ctrl_c_while_the_anchors_are_found_keeps_their_state_and_resumes(monkeypatch, linear_model, linear_data,
+                                                                          tmp_path):
+    # the anchors' MAP runs are a phase of their own: a Ctrl-C there keeps the optimiser's state,
+    # and resuming finds the same anchors and then the same draws as an uninterrupted run
+    from test_faults import _interrupt_after
+
+    options = dict(method="sgld", seed=0, control_variate=True, batch_size=8, time_budget=0, num_samples=200)
+    full = ppl.fit(linear_model, linear_data.train, **options)
+    for chunks in (1, 3):  # before the first step finished, and a few chunks in
+        _interrupt_after(monkeypatch, chunks)
+        with pytest.raises(ppl.Interrupted) as caught:
+            ppl.fit(linear_model, linear_data.train, **options)
+        monkeypatch.undo()
+        caught.value.save(tmp_path / f"cut{chunks}")
+        resumed = ppl.fit(linear_model, linear_data.train, resume=tmp_path / f"cut{chunks}", **options)
+        np.testing.assert_array_equal(resumed.flat_draws, full.flat_draws)
+        assert resumed.info["anchor_steps"] == full.info["anchor_steps"]
