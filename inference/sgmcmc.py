@@ -440,6 +440,10 @@ class _WhitenedChains(Method):
     def _batch(self, problem):
         return None  # full batch
 
+    def _anchored(self, key, problem, session: Session) -> tuple:
+        """(the chains' control-variate anchors or None, the session their loop runs in)."""
+        return None, session
+
     def _step(self, curvature: float, noise: float) -> float:
         raise NotImplementedError
 
@@ -461,9 +465,7 @@ class _WhitenedChains(Method):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
-        anchors = None
-        if getattr(self, "control_variate", False):
-            anchors, session = self._anchored(key, problem, session)
+        anchors, session = self._anchored(key, problem, session)
         return drive(_WhitenedLoop(self, key, problem, session, anchors), session)
 
     def _noise(self, problem, tune) -> np.ndarray:
@@ -637,6 +639,8 @@ class _SGMCMC(_WhitenedChains):
         stays unbiased); it only removes less of the noise."""
         from ppl.inference.ensemble import Ensemble
 
+        if not self.control_variate:
+            return None, session
         if session.resumed_phase() == "chains":  # the checkpoint holds the anchors
             info = _restored_anchor_info(session.resume.progress)
             return _Anchors(None, None, info), session.phase("chains", **info)
