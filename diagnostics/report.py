@@ -285,12 +285,19 @@ def _transition_checks(stats, found: _Findings, remedy) -> None:
         )
     temperature = None if stats is None else stats.temperature
     if temperature is not None:
+        hot = temperature >= 1.0 or not np.isfinite(temperature)
+        bound = THRESHOLDS["temperature"] if hot else THRESHOLDS["temperature_low"]
+        measured = (f"the draws' configurational temperature, mean |∇log p|² over mean −Δlog p, is {temperature:.3g} "
+                    "where draws from the posterior give 1: ")
         found.check(
-            "temperature", temperature, THRESHOLDS["temperature"], temperature <= THRESHOLDS["temperature"],
-            f"the draws' configurational temperature, mean |∇log p|² over mean −Δlog p, is {temperature:.3g} where "
-            "draws from the posterior give 1: they are spread about that many times too wide (in variance) along "
-            "the posterior's sharpest directions — the step's discretisation error or the gradient noise heats the "
-            f"chains; {remedy('temperature')}",
+            "temperature", temperature, bound, THRESHOLDS["temperature_low"] <= temperature <= THRESHOLDS["temperature"],
+            measured + (
+                "they are spread about that many times too wide (in variance) along the posterior's sharpest "
+                f"directions — the step's discretisation error or the gradient noise heats the chains; {remedy('temperature')}"
+                if hot else
+                "they are about that many times too concentrated (in variance) along the posterior's sharpest "
+                f"directions — the chains sit nearer a mode than the posterior does; {remedy('cold')}"
+            ),
         )
 
 

@@ -60,13 +60,15 @@ class Method:
     def remedy(cls, posterior, topic: str) -> str:
         """What to try when a check fails, in the method's own options. ``topic``: ``"fit"`` (the
         approximation misses the posterior: k-hat), ``"mixing"`` (R-hat or ESS), ``"steps"`` (the
-        optimisation did not converge), ``"temperature"`` (SG-MCMC draws hotter than the target), ``"heldout"`` (the predictive fails on held-out rows). Methods override it with advice about their options."""
+        optimisation did not converge), ``"temperature"`` (SG-MCMC draws hotter than the target), ``"cold"`` (colder: too concentrated), ``"heldout"`` (the predictive fails on held-out rows). Methods override it with advice about their options."""
         if topic == "fit":
             return "try method='nuts' (or a richer approximation)"
         if topic == "mixing":
             return extended_remedy(posterior, "raise num_warmup and num_samples (or lower step_size)")
         if topic == "temperature":
             return "lower step_size, raise batch_size, or use method='nuts' (its Metropolis test corrects the step)"
+        if topic == "cold":
+            return "raise num_warmup (the chains may not have spread out from where they started), or use method='nuts'"
         if topic == "heldout":
             return (
                 "the fit over-fits its training rows (a noise scale shrunk to the training residual, or a prior too weak "

@@ -74,6 +74,7 @@ DRAWS_PER_CHUNK = 100  # draws per compiled call; Ctrl-C is honoured between cal
 STEP_FACTOR = 0.1  # ε λ (1 + r) for the automatic Langevin step size
 SGHMC_STEP_FACTOR = 0.25  # ε √(λ (1 + r)) for the automatic SGHMC step size
 EXPLORATION_CAP = 1.0  # the largest ε λ (1 + r) at the top of a cyclical SGLD cycle
+DRAWS_PER_CYCLE = 5  # cyclical SGLD's default: every cycle ends in 5 stored draws (see docs/methods/sgmcmc.md)
 NOISE_SHARE = 0.1  # the variance inflation the automatic SGHMC step allows the gradient noise
 ANCHOR_STREAM = 17  # the key stream (of the chains' starts) of the control variates' MAP runs
 
@@ -1034,40 +1035,62 @@ class SGHMC(_SGMCMC):
 
 @dataclass(frozen=True)
 class CyclicalSGLD(_SGMCMC):
-    """Cyclical SGLD (Zhang, Li, Zhang, Chen & Wilson 2020): ``num_cycles`` cycles of a cosine step
-    size from ε₀ down to 0; the first ``exploration`` fraction of each cycle moves without noise
-    (optimisation towards a mode), the rest samples, and draws are stored every ``thinning`` steps
-    of each sampling stage (the small-step end of the cycle). The ``num_warmup`` steps before the
-    cycles are plain SGLD steps at the sampling stage's first step, in which each chain's frame,
-    step and batch are measured as for ``sgld``."""
+    """Cyclical SGLD (Zhang, Li, Zhang, Chen & Wilson 2020): cycles of a cosine step size from ε₀
+    down to 0; draws are stored every ``thinning`` steps of each cycle's last ``1 − exploration``
+    (the small-step end), ``num_samples / num_cycles`` of them per cycle. In the first
+    ``exploration`` fraction the chain moves at the large steps with its Langevin noise
+    (``exploration_noise=True``, the default) or without it (``False``: descent towards a mode, the
+    paper's Algorithm 1). ``num_cycles=None`` gives each cycle ``DRAWS_PER_CYCLE`` draws (the
+    largest divisor of ``num_samples`` up to it). The ``num_warmup`` steps before the cycles are
+    plain SGLD steps at the sampling stage's first step, in which each chain's frame, step and
+    batch are measured as for ``sgld``."""
 
     name: ClassVar[str] = "cyclical_sgld"
     description: ClassVar[str] = "cyclical SGLD: cosine cyclical step size, sampling at the small-step end of each cycle"
 
-    num_cycles: int = 4
+    num_cycles: int | None = None
     exploration: float = 0.8
+    exploration_noise: bool = True
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self.name, "num_cycles", self.num_cycles)
+        if self.num_cycles is not None:
+            check_positive_int(self.name, "num_cycles", self.num_cycles)
+            if self.num_samples % self.num_cycles:
+                raise OptionError(
+                    f"{self.name}: num_samples={self.num_samples} must be a multiple of num_cycles={self.num_cycles} "
+                    "(the same number of draws from each cycle); or leave num_cycles=None "
+                    f"({DRAWS_PER_CYCLE} draws a cycle)"
+                )
         if not 0.0 <= self.exploration < 1.0:
             raise OptionError(f"{self.name}: exploration must lie in [0, 1), got {self.exploration!r}")
-        if self.num_samples % self.num_cycles:
-            raise OptionError(
-                f"{self.name}: num_samples={self.num_samples} must be a multiple of num_cycles={self.num_cycles} "
-                "(the same number of draws from each cycle)"
-            )
+        if not isinstance(self.exploration_noise, (bool, np.bool_)):
+            raise OptionError(f"{self.name}: exploration_noise must be True or False, got {self.exploration_noise!r}")
+
+    @classmethod
+    def remedy(cls, posterior, topic):
+        if topic == "cold":
+            if not (posterior.options or {}).get("exploration_noise", True):
+                return ("set exploration_noise=True: each cycle's noise-free stage pulls the chain to a mode, and its short "
+                        "sampling stage does not spread out again")
+            return "lower exploration (a longer sampling stage in each cycle), or raise num_warmup"
+        return super().remedy(posterior, topic)
+
+    def _draws_per_cycle(self) -> int:
+        if self.num_cycles is not None:
+            return self.num_samples // self.num_cycles
+        return max(d for d in range(1, DRAWS_PER_CYCLE + 1) if self.num_samples % d == 0)
 
     def _geometry(self) -> tuple:
         """(steps per cycle, exploration steps per cycle)."""
-        per_cycle_draws = self.num_samples // self.num_cycles
-        sampling = per_cycle_draws * self.thinning
+        sampling = self._draws_per_cycle() * self.thinning
         length = int(math.ceil(sampling / (1.0 - self.exploration)))
         return length, length - sampling
 
     def _auto_step(self, curvature: float, noise: float) -> float:
         # ε₀ such that the step at the start of the sampling stage is the SGLD default, but at most
-        # 1/(λ(1 + r)): the noise-free descent at the top of a cycle diverges beyond ε λ = 2
+        # 1/(λ(1 + r)): a step at the top of a cycle diverges beyond ε λ = 2 (with or without the
+        # noise), and the stored draws would start from a stationary spread inflated beyond 2×
         length, explore = self._geometry()
         return min(super()._auto_step(curvature, noise) / self._shape(explore, length),
                    EXPLORATION_CAP / (curvature * (1.0 + noise)))
@@ -1097,7 +1120,7 @@ class CyclicalSGLD(_SGMCMC):
         length, explore = self._geometry()
         rows_key, noise_key = jax.random.split(key)
         kernel = blackjax.sgmcmc.sgld.build_kernel()
-        noise_on = (k % length) >= explore
+        noise_on = jnp.logical_or(self.exploration_noise, (k % length) >= explore)
         temperature = jnp.where(noise_on, 1.0, 0.0).astype(z.dtype)  # switches the injected noise only
         step = self._at(step0, k)
         return kernel(noise_key, z, _gradient(problem, white, jnp.maximum(step, jnp.finfo(z.dtype).tiny)),
@@ -1106,7 +1129,7 @@ class CyclicalSGLD(_SGMCMC):
     def _draw(self, problem, white, batch, state, key, step0, index):
         # draw d of the run: cycle c = d // per_cycle, position j = d % per_cycle in its sampling stage
         length, explore = self._geometry()
-        per_cycle = self.num_samples // self.num_cycles
+        per_cycle = self._draws_per_cycle()
         cycle, j = index // per_cycle, index % per_cycle
         first = cycle * length + explore + j * self.thinning  # the global step index of this draw's first step
 

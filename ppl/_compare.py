@@ -528,7 +528,7 @@ _FLAGS = (
     ("khat", "k-hat: the approximation puts its mass where the posterior has little"),
     ("rhat", "R-hat: the chains disagree, they have not mixed"),
     ("ess", "ESS: too few effective draws"),
-    ("temperature", "temperature: the draws are hotter than the posterior"),
+    ("temperature", "temperature: the draws are hotter or colder than the posterior"),
     ("variance_inflation", "step size: the draws are spread wider than the posterior"),
     ("dispersion", "under-dispersion: the approximation is narrower than the curvature allows"),
     ("psis", "moments: importance weights move the approximation's mean or sd"),

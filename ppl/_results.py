@@ -23,8 +23,9 @@ THRESHOLDS = {
     "rhat": 1.01, "ess_per_chain": 100, "divergences": 0, "loo_khat": 0.7, "ebfmi": 0.3,
     # SG-MCMC: the predicted stationary-variance inflation of the discretisation and gradient noise
     "variance_inflation": 1.25,
-    # SG-MCMC: the configurational temperature measured at the draws (1: draws from the target)
-    "temperature": 1.25,
+    # SG-MCMC: the configurational temperature measured at the draws (1: draws from the target),
+    # above it hotter (too spread out), below temperature_low colder (too concentrated)
+    "temperature": 1.25, "temperature_low": 0.8,
 }
 
 
@@ -277,7 +278,7 @@ _CHECK_LABELS = {
     "function_ess_tail_min": ("function-space tail ESS", "≥", ".0f"),
     "divergences": ("divergences", None, "d"), "ebfmi_min": ("E-BFMI", "≥", ".2f"), "khat": ("PSIS k-hat", "≤", ".2f"),
     "variance_inflation": ("predicted variance inflation", "≤", ".3g"),
-    "temperature": ("configurational temperature", "≤", ".3g"),
+    "temperature": ("configurational temperature", "within", ".3g"),
     "status.converged": ("the optimisation converged", None, None),
     "dispersion_min": ("variance against the curvature's", "≥", ".2f"),
     "psis_mean_shift": ("PSIS mean shift (sds)", "≤", ".2f"),
@@ -295,6 +296,8 @@ def _describe_check(check: Check) -> str:
         return f"{check.value} {label}"
     if check.field == "heldout_ll":
         return f"{label} {check.value:.3g} ≥ baseline {check.threshold:.3g}"
+    if check.field == "temperature":
+        return f"{label} {check.value:.3g} within [{THRESHOLDS['temperature_low']:g}, {THRESHOLDS['temperature']:g}]"
     if check.field == "heldout_coverage_90":
         return f"{label} {check.value:.2f} (0.9 ± {check.threshold:.2f})"
     if check.field == "khat" and check.value == float("-inf"):

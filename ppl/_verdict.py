@@ -33,7 +33,6 @@ __all__ = ["rederive", "measure_chains"]
 _UPPER = {  # value ≤ threshold passes
     "rhat_max": lambda n: THRESHOLDS["rhat"], "rhat_function_max": lambda n: THRESHOLDS["rhat"],
     "divergences": lambda n: THRESHOLDS["divergences"], "variance_inflation": lambda n: THRESHOLDS["variance_inflation"],
-    "temperature": lambda n: THRESHOLDS["temperature"],
     "draws": lambda n: 0, "stuck_chains": lambda n: 0,
     "khat": lambda n: min(1.0 - 1.0 / math.log10(n), 0.7) if n > 1 else None,
 }
@@ -198,6 +197,13 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
             passed = value <= threshold if field in _UPPER else value >= threshold
             passed = bool(passed) and not math.isnan(value)
             shown = f"{field} = {value:.4g} against the threshold {threshold:.4g}"
+        elif field == "temperature":
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+                raise fail(field, f"holds {value!r}, which is not a number to hold to a threshold")
+            threshold = THRESHOLDS["temperature"] if value >= 1.0 else THRESHOLDS["temperature_low"]
+            passed = THRESHOLDS["temperature_low"] <= value <= THRESHOLDS["temperature"]
+            shown = (f"{field} = {value:.4g} outside [{THRESHOLDS['temperature_low']:g}, "
+                     f"{THRESHOLDS['temperature']:g}]")
         elif field in ("psis_mean_shift", "psis_sd_ratio"):
             threshold = check.threshold
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) \
