@@ -35,6 +35,7 @@ ill-conditioned posterior precision (collinear inputs, a weak prior) is inverted
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import math
 from functools import partial
 
@@ -270,6 +271,33 @@ def last_layer_index(problem):
         return None
     offsets = _site_offsets(problem)
     return np.sort(np.concatenate([np.arange(offsets[s][0], offsets[s][0] + offsets[s][1]) for s in sites]))
+
+
+def site_matches(name: str, pattern: str) -> bool:
+    """Whether the site ``name`` (a dotted path, ``dense_2.kernel``) is selected by ``pattern``: a
+    glob over the path (``*`` any run of characters, ``?`` one, ``[...]`` a set; ``/`` may stand for
+    ``.``), or a path prefix that matches whole components (``dense_2`` selects ``dense_2.kernel``
+    and ``dense_2.bias``, not ``dense_20.kernel``)."""
+    pattern = pattern.replace("/", ".")
+    return name == pattern or name.startswith(pattern + ".") or fnmatch.fnmatchcase(name, pattern)
+
+
+def pattern_index(problem, patterns, where: str) -> np.ndarray:
+    """The flat coordinates of the network sites that any of ``patterns`` selects (see
+    ``site_matches``). A pattern that selects no site is refused, naming the sites there are."""
+    names = problem.model.network_sites(problem.data[0].shape[-1])
+    offsets = _site_offsets(problem)
+    chosen = []
+    for pattern in patterns:
+        hits = [name for name in names if site_matches(name, pattern)]
+        if not hits:
+            raise OptionError(
+                f"{where}: the pattern {pattern!r} selects no network parameter; the parameters are "
+                f"{', '.join(names)} (give a glob over those names such as '*{names[-1][-1:]}', a name, or a path prefix "
+                "such as 'dense_2' for 'dense_2.kernel' and 'dense_2.bias')"
+            )
+        chosen.extend(hits)
+    return np.unique(np.concatenate([np.arange(offsets[n][0], offsets[n][0] + offsets[n][1]) for n in chosen]))
 
 
 def layer_slices(problem) -> list:

@@ -39,7 +39,7 @@ import optax
 from ppl._data import check_batch_size
 from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
-from ppl._records import Evidence, RunStatus, TrainingTrace
+from ppl._records import Evidence, TrainingTrace
 from ppl.inference import _curvature as curvature
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import (
@@ -73,9 +73,11 @@ FULL_MAX = 2000
 class Laplace(Method):
     """Laplace approximation at the MAP (Mackay 1992; Ritter et al. 2018; Daxberger et al. 2021).
 
-    ``subset``: ``"all"`` network weights, ``"last_layer"``, or a boolean mask over the flat
-    parameter vector (a subnetwork); ``"auto"`` is the last layer for networks and everything for
-    plain programs. ``hessian``: ``"full"`` (dense GGN), ``"diag"``, ``"kfac"`` (one Kronecker
+    ``subset``: ``"all"`` network weights, ``"last_layer"``, a path pattern or a list of them
+    (``"dense_2.*"``, ``["conv_1", "dense_*"]``: globs over the parameters' dotted paths, ``/``
+    standing for ``.``, or path prefixes; the rest of the network stays at the MAP), or a boolean
+    mask over the flat parameter vector (a subnetwork); ``"auto"`` is the last layer for networks
+    and everything for plain programs. ``hessian``: ``"full"`` (dense GGN), ``"diag"``, ``"kfac"`` (one Kronecker
     block per layer, the bias a homogeneous coordinate), ``"lowrank"`` (top ``rank`` GGN
     eigenpairs plus the prior); ``"auto"`` is ``full`` for programs and for networks whose free
     coordinates number at most ``FULL_MAX`` (2000: a last layer, a small network), ``kfac`` above.
@@ -89,7 +91,7 @@ class Laplace(Method):
     kind = "independent"
     loss_label = "negative log joint (the MAP search the Gaussian is built at)"
     model_options = ("prior_precision",)
-    description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, last layer or a mask"
+    description = "Laplace approximation at the MAP: GGN full/diag/K-FAC/low-rank over all weights, the last layer, path patterns or a mask"
 
     subset: Any = "auto"
     hessian: str = "auto"
@@ -114,14 +116,19 @@ class Laplace(Method):
 
     def __post_init__(self):
         super().__post_init__()
-        if isinstance(self.subset, str):
-            check_choice(self.name, "subset", self.subset, SUBSETS)
+        subset = list(self.subset) if isinstance(self.subset, (list, tuple)) else self.subset
+        if isinstance(subset, str):
+            if not subset.strip():
+                raise OptionError(f"{self.name}: subset must be one of {SUBSETS}, a path pattern or a mask, got ''")
+        elif isinstance(subset, list) and subset and all(isinstance(p, str) and p.strip() for p in subset):
+            object.__setattr__(self, "subset", tuple(subset))  # a list of path patterns
         else:
-            mask = np.asarray(self.subset)
+            mask = np.asarray(subset)
             if mask.ndim != 1 or mask.dtype != bool:
                 raise OptionError(
-                    f"{self.name}: subset must be 'all', 'last_layer', 'auto' or a 1-D boolean mask over the flat "
-                    f"parameter vector, got {type(self.subset).__name__} {getattr(mask, 'shape', '')}"
+                    f"{self.name}: subset must be 'all', 'last_layer', 'auto', a path pattern ('dense_2.*') or a list "
+                    f"of them, or a 1-D boolean mask over the flat parameter vector, got {type(self.subset).__name__} "
+                    f"{getattr(mask, 'shape', '')}"
                 )
             if not mask.any():
                 raise OptionError(f"{self.name}: the subset mask selects no parameter (all False)")
@@ -153,7 +160,8 @@ class Laplace(Method):
             subset = "last_layer" if problem.is_declarative and problem.last_layer_sites() is not None else "all"
         if hessian == "auto":
             dense = problem.is_declarative and problem.model.dense
-            large = dense and not isinstance(subset, tuple) and len(self._free(problem, subset)) > FULL_MAX
+            free = None if _is_mask(subset) or not dense else self._free(problem, subset)
+            large = free is not None and len(free) > FULL_MAX and _whole_layers(problem, free)
             hessian = "kfac" if large else "full"
         return subset, hessian
 
@@ -177,6 +185,9 @@ class Laplace(Method):
                     "name it (Network(..., last_layer='<path prefix>')), or use subset='all' or a mask"
                 )
             return index
+        patterns = _patterns(subset)
+        if patterns is not None:
+            return curvature.pattern_index(problem, patterns, f"{self.name}: subset")
         mask = np.asarray(subset)
         outside = mask & ~weights
         if outside.any():
@@ -203,14 +214,21 @@ class Laplace(Method):
                     f"hessian={hessian!r} do not apply; it gets the exact Hessian: subset='all', hessian='full'"
                     + (" (K-FAC needs dense layers)" if hessian == "kfac" else "")
                 )
-        if isinstance(subset, tuple) and len(subset) != problem.num_params:
+        if _is_mask(subset) and len(subset) != problem.num_params:
             raise OptionError(
                 f"{self.name}: the subset mask has {len(subset)} entries but the model has {problem.num_params} "
                 "parameters (the flat unconstrained vector)"
             )
-        if isinstance(subset, tuple) and hessian == "kfac":
+        if _is_mask(subset) and hessian == "kfac":
             raise OptionError(
                 f"{self.name}: K-FAC approximates whole layers; a subnetwork mask needs hessian='full', 'diag' or 'lowrank'"
+            )
+        if _patterns(subset) is not None and hessian == "kfac" and problem.is_declarative and problem.model.has_layers \
+                and not _whole_layers(problem, self._free(problem, subset)):
+            raise OptionError(
+                f"{self.name}: K-FAC approximates whole layers (weights and bias together), and subset={subset!r} "
+                "selects part of one: widen the patterns to each chosen layer's weight and bias, or use "
+                "hessian='full', 'diag' or 'lowrank'"
             )
         model = problem.model
         if problem.is_declarative:
@@ -230,15 +248,25 @@ class Laplace(Method):
         empirical_bayes.check(self.name, self.prior_precision, problem)
         self.check_memory(problem)
 
-    def check_memory(self, problem) -> None:
-        """Refuse, before computing anything, a curvature that would not fit in memory."""
+    def memory_needed(self, problem) -> int:
+        """Bytes that computing and holding this configuration's curvature takes on ``problem``
+        (the largest arrays alive at once), known before anything is computed."""
+        return self._memory(problem)[0]
+
+    def _memory(self, problem) -> tuple:
         _, hessian = self.structure(problem)
         index = self.free_index(problem)
         free = problem.num_params if index is None else len(index)
         outputs = problem.model.output_dim() if problem.is_declarative else 1
         layered = problem.is_declarative and problem.model.has_layers
-        layers = curvature.layer_slices(problem) if layered else None
+        # K-FAC holds factors for the covered layers only (a subset's other layers stay at the MAP)
+        layers = _free_layers(curvature.layer_slices(problem), index) if layered and index is not None else None
         size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
+        return size, hessian, free, outputs, layered, layers
+
+    def check_memory(self, problem) -> None:
+        """Refuse, before computing anything, a curvature that would not fit in memory."""
+        size, hessian, free, outputs, layered, layers = self._memory(problem)
         if size > MEMORY_BUDGET_BYTES:
             cheaper = [
                 h for h in ("kfac", "lowrank", "diag")
@@ -280,7 +308,8 @@ class Laplace(Method):
         info.update(centring)
         info.update(
             hessian=hessian,
-            subset=subset if isinstance(subset, str) else f"mask of {len(index)} parameters",
+            subset=(subset if subset in SUBSETS else f"pattern {subset!r}") if isinstance(subset, str)
+            else f"mask of {len(index)} parameters" if _is_mask(subset) else f"patterns {list(subset)!r}",
             num_free=int(target.num_params if index is None else len(index)),
         )
         flat = draw(family, draw_key, self.num_draws)
@@ -605,6 +634,30 @@ def _one_precision(problem, delta: np.ndarray, start: int) -> None:
             "(its weights and bias differ, e.g. a FanIn prior); pass prior_precision= per-layer numbers, or use "
             "hessian='diag', 'lowrank' or 'full'"
         )
+
+
+def _is_mask(subset) -> bool:
+    return isinstance(subset, tuple) and bool(subset) and isinstance(subset[0], bool)
+
+
+def _patterns(subset) -> tuple | None:
+    """The path patterns a subset names (None for 'all', 'last_layer', 'auto' and masks)."""
+    if isinstance(subset, str):
+        return None if subset in SUBSETS else (subset,)
+    return None if _is_mask(subset) else tuple(subset)
+
+
+def _whole_layers(problem, index) -> bool:
+    """Whether the coordinates ``index`` are exactly some of the network's declared layers (K-FAC's
+    unit); False for a network without declared layers."""
+    if not problem.model.has_layers:
+        return False
+    covered = set()
+    chosen = set(np.asarray(index).tolist())
+    for start, rows, cols in curvature.layer_slices(problem):
+        if start in chosen:
+            covered.update(range(start, start + rows * cols))
+    return covered == chosen
 
 
 def _free_layers(layers, index) -> list:
