@@ -264,13 +264,16 @@ def network_mask(problem) -> np.ndarray:
 
 def last_layer_index(problem):
     """The flat coordinates of the output layer, or None when the model does not know which it is."""
-    import numpy as np
-
     sites = problem.last_layer_sites()
     if sites is None:
         return None
+    return _site_coordinates(problem, sites)
+
+
+def _site_coordinates(problem, names) -> np.ndarray:
+    """The sorted flat coordinates of the sites ``names`` in u."""
     offsets = _site_offsets(problem)
-    return np.sort(np.concatenate([np.arange(offsets[s][0], offsets[s][0] + offsets[s][1]) for s in sites]))
+    return np.unique(np.concatenate([np.arange(offsets[n][0], offsets[n][0] + offsets[n][1]) for n in names]))
 
 
 def site_matches(name: str, pattern: str) -> bool:
@@ -286,7 +289,6 @@ def pattern_index(problem, patterns, where: str) -> np.ndarray:
     """The flat coordinates of the network sites that any of ``patterns`` selects (see
     ``site_matches``). A pattern that selects no site is refused, naming the sites there are."""
     names = problem.model.network_sites(problem.data[0].shape[-1])
-    offsets = _site_offsets(problem)
     chosen = []
     for pattern in patterns:
         hits = [name for name in names if site_matches(name, pattern)]
@@ -297,7 +299,7 @@ def pattern_index(problem, patterns, where: str) -> np.ndarray:
                 "such as 'dense_2' for 'dense_2.kernel' and 'dense_2.bias')"
             )
         chosen.extend(hits)
-    return np.unique(np.concatenate([np.arange(offsets[n][0], offsets[n][0] + offsets[n][1]) for n in chosen]))
+    return _site_coordinates(problem, chosen)
 
 
 def layer_slices(problem) -> list:

@@ -119,7 +119,7 @@ class Laplace(Method):
         subset = list(self.subset) if isinstance(self.subset, (list, tuple)) else self.subset
         if isinstance(subset, str):
             if not subset.strip():
-                raise OptionError(f"{self.name}: subset must be one of {SUBSETS}, a path pattern or a mask, got ''")
+                raise OptionError(f"{self.name}: subset must be one of {SUBSETS}, a path pattern or a mask, got {subset!r}")
         elif isinstance(subset, list) and subset and all(isinstance(p, str) and p.strip() for p in subset):
             object.__setattr__(self, "subset", tuple(subset))  # a list of path patterns
         else:

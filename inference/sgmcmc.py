@@ -1064,8 +1064,6 @@ class CyclicalSGLD(_SGMCMC):
                 )
         if not 0.0 <= self.exploration < 1.0:
             raise OptionError(f"{self.name}: exploration must lie in [0, 1), got {self.exploration!r}")
-        if not isinstance(self.exploration_noise, (bool, np.bool_)):
-            raise OptionError(f"{self.name}: exploration_noise must be True or False, got {self.exploration_noise!r}")
 
     @classmethod
     def remedy(cls, posterior, topic):
