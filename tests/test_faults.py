@@ -484,7 +484,7 @@ def _stop(child, signum: int, timeout_s: float = 120) -> tuple[str, float]:
 
 
 def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkeypatch, capsys):
-    from ppl import cli
+    from ppl.cli import fit as cli_fit
 
     class Finaliser:
         def __del__(self):
@@ -492,14 +492,14 @@ def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkey
             # ignored"), as it does in JAX's garbage-collection callback.
             signal.raise_signal(signal.SIGINT)
 
-    real = cli._load_data
+    real = cli_fit._load_data
 
     def load(args):
         data = real(args)
         Finaliser()  # unreferenced, so finalised at once
         return data
 
-    monkeypatch.setattr(cli, "_load_data", load)
+    monkeypatch.setattr(cli_fit, "_load_data", load)
     out = tmp_path / "run"
     code = main(["fit", "--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=300", "--out",
                  str(out), "--no-progress"])
@@ -551,7 +551,7 @@ STARTUP_SCRIPT = textwrap.dedent(
     import sys
     # Ctrl-C's disposition in a terminal (see SIGINT_SCRIPT for why it is set here).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import ppl._fit, ppl._progress, ppl.cli
+    import ppl._fit, ppl._progress, ppl.cli, ppl.cli.fit
 
     def announce(module, name, marker):
         real = getattr(module, name)
@@ -564,7 +564,7 @@ STARTUP_SCRIPT = textwrap.dedent(
 
     # Each phase of start-up prints its name as it begins, so the test presses Ctrl-C inside it.
     announce(ppl.cli, "_parser", "parsing")
-    announce(ppl.cli, "_load_data", "loading")
+    announce(ppl.cli.fit, "_load_data", "loading")
     announce(ppl._fit, "compile_problem", "compiling")
     announce(ppl._progress, "task", "looping")  # the first chunk of the first loop compiles
     sys.exit(ppl.cli.main(["fit", "--model", "bnn", "--data", "digits", "--method", "svi", "--set", "hidden=16",
@@ -969,7 +969,9 @@ def test_the_largest_seed_fits_and_saves(tmp_path, monkeypatch, capsys):
 
 
 def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overrides_it(tmp_path, monkeypatch, capsys):
-    from ppl.cli import _compare_invocation, _parser, _valid_compare_invocation, _valid_invocation
+    from ppl.cli import _parser
+    from ppl.cli.compare import _compare_invocation, _valid_compare_invocation
+    from ppl.cli.fit import _valid_invocation
 
     monkeypatch.chdir(tmp_path)
     rng = np.random.default_rng(0)

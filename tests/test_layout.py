@@ -33,7 +33,10 @@ def _all_imports(path: Path) -> list[str]:
 
 
 def _files(folder: str):
-    return sorted((ROOT / folder).glob("*.py"))
+    return sorted((ROOT / folder).rglob("*.py"))
+
+
+CLI = ROOT / "ppl" / "cli"
 
 
 def test_models_and_diagnostics_import_only_core():
@@ -53,9 +56,27 @@ def test_inference_does_not_import_diagnostics():
 
 
 def test_core_reaches_backends_lazily():
+    # the command line is the front end, above inference/ and diagnostics/: its command modules
+    # import them at module level, and its package imports a command's module only when it runs
     for path in _files("ppl"):
+        if path.parent == CLI:
+            continue
         for name in _module_level_imports(path):
             assert not name.startswith(("ppl.inference", "ppl.diagnostics")), (path, name)
+
+
+def test_the_command_line_imports_at_module_level():
+    # every dependency of a command is visible at the top of its module; the one exception is
+    # matplotlib, which only the VAE figure of `ppl fit --model vae` needs (a second to import)
+    for path in sorted(CLI.glob("*.py")):
+        inside = [n for n in _all_imports(path) if n not in _module_level_imports(path)]
+        assert all(n.startswith("matplotlib") for n in inside), (path, inside)
+    for name in ("__init__.py", "_arguments.py", "listings.py"):
+        for module in _module_level_imports(CLI / name):
+            root = module.split(".")[0]
+            assert root in sys.stdlib_module_names or root == "__future__" or module in (
+                "ppl", "ppl._cache", "ppl._errors", "ppl._interrupt", "ppl._methods_text", "ppl.datasets",
+                "ppl.cli._arguments"), (name, module)
 
 
 def test_only_the_adapter_imports_arviz():
