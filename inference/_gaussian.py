@@ -32,6 +32,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
+from ppl.inference._flow import flow_from_arrays
+
 __all__ = [
     "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "PrecisionLowRank", "Subset", "Mixture",
     "PointMass", "from_arrays", "draw", "stored_draws_mismatch",
@@ -718,8 +720,6 @@ def from_arrays(kind: str, arrays: dict, dim: int | None = None):
     ``kind`` is read as data: a base name, ``subset:<block kinds, comma-separated>`` or
     ``mixture:<count>:<component kind>``; nothing it names is imported or called."""
     if kind == "flow":
-        from ppl.inference.guides import flow_from_arrays
-
         return flow_from_arrays(arrays, dim if dim is not None else int(np.shape(arrays["shift"])[-1]))
     if kind.startswith("mixture:"):
         _, count, component_kind = (kind.split(":", 2) + ["", ""])[:3]

@@ -5,6 +5,8 @@ Every model here is a frozen dataclass and a plain NumPyro model ``model(X, y=No
 
 from __future__ import annotations
 
+import dataclasses
+
 from ppl.models import priors
 from ppl.models._base import Layer, SupervisedModel
 from ppl.models.bnn import BNN
@@ -24,8 +26,6 @@ def from_config(config: dict):
     Only the classes above can be named, only their declared fields are accepted, and every value
     goes through the class's own validation: a configuration read from disk cannot reach anything else.
     """
-    import dataclasses
-
     if not isinstance(config, dict) or not isinstance(config.get("fields"), dict):
         raise ValueError("a model configuration must be an object with 'class' and 'fields'")
     if config.get("class") == "Network":

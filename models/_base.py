@@ -20,6 +20,7 @@ import numpyro
 import numpyro.distributions as dist
 
 from ppl._errors import DataError
+from ppl.models.priors import Prior, prior_record
 
 LIKELIHOODS = ("gaussian", "bernoulli", "categorical", "heteroscedastic")
 # Likelihoods of real-valued targets (regression). "heteroscedastic" is a Gaussian whose
@@ -273,13 +274,11 @@ class SupervisedModel:
     # -- configuration I/O ----------------------------------------------------------------------
     def to_config(self) -> dict:
         """A JSON-able description from which ``ppl.models.from_config`` rebuilds the model."""
-        from ppl.models import priors as _priors
-
         fields = {}
         for field in dataclasses.fields(self):
             value = getattr(self, field.name)
-            if isinstance(value, _priors.Prior):
-                value = _priors.prior_record(value)
+            if isinstance(value, Prior):
+                value = prior_record(value)
             elif isinstance(value, tuple):
                 value = list(value)
             fields[field.name] = value
@@ -307,3 +306,14 @@ def check_scale(name: str, value, allow_none: bool = False) -> None:
     if not valid:
         extra = " or None (learn it)" if allow_none else ""
         raise ValueError(f"{name} must be a positive finite number{extra}, got {value!r}")
+
+
+def image_patches(h, size: int):
+    """(N, H, W, size·size·C): each pixel's size × size neighbourhood, zero-padded as 'SAME' pads,
+    flattened in (row, column, channel) order — the im2col matrix of a stride-1 convolution."""
+    low = (size - 1) // 2
+    height, width = h.shape[1], h.shape[2]
+    padded = jnp.pad(h, ((0, 0), (low, size - 1 - low), (low, size - 1 - low), (0, 0)))
+    return jnp.concatenate(
+        [padded[:, dy:dy + height, dx:dx + width, :] for dy in range(size) for dx in range(size)], axis=-1
+    )

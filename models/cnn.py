@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl._errors import DataError
-from ppl.models._base import ACTIVATIONS, LIKELIHOODS, SupervisedModel, check_choice, check_scale
+from ppl.models._base import ACTIVATIONS, LIKELIHOODS, SupervisedModel, check_choice, check_scale, image_patches
 from ppl.models.network import MAX_INFERRED_CLASSES, Network
 from ppl.models.priors import Prior
 
@@ -33,17 +33,6 @@ def _widths(name: str, value) -> tuple:
     ):
         raise ValueError(f"CNN.{name} must be a tuple of positive integers, e.g. (16, 32); got {value!r}")
     return tuple(int(v) for v in value)
-
-
-def image_patches(h, size: int):
-    """(N, H, W, size·size·C): each pixel's size × size neighbourhood, zero-padded as 'SAME' pads,
-    flattened in (row, column, channel) order — the im2col matrix of a stride-1 convolution."""
-    low = (size - 1) // 2
-    height, width = h.shape[1], h.shape[2]
-    padded = jnp.pad(h, ((0, 0), (low, size - 1 - low), (low, size - 1 - low), (0, 0)))
-    return jnp.concatenate(
-        [padded[:, dy:dy + height, dx:dx + width, :] for dy in range(size) for dx in range(size)], axis=-1
-    )
 
 
 def same_convolution(h, kernel) -> tuple:

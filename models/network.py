@@ -30,8 +30,10 @@ import numpy as np
 import numpyro
 
 from ppl._errors import DataError, OptionError
-from ppl.models._base import LIKELIHOODS, OBSERVED_SITE, SupervisedModel, check_choice, check_scale
-from ppl.models.priors import ByName, FanIn, Isotropic, PerLayer, Prior
+from ppl.models._base import (
+    ACTIVATIONS, LIKELIHOODS, OBSERVED_SITE, Layer, SupervisedModel, check_choice, check_scale, image_patches,
+)
+from ppl.models.priors import ByName, FanIn, Isotropic, PerLayer, Prior, prior_record
 
 __all__ = ["Network", "Leaf"]
 
@@ -137,8 +139,6 @@ def _layout(template) -> tuple:
 def _declared_layers(network) -> tuple:
     """``apply_fn.layers()`` checked against the template: each names a weight leaf of two or more
     axes and a bias leaf (or None) of the weight's output size."""
-    from ppl.models._base import ACTIVATIONS, Layer
-
     shapes = {leaf.name: leaf.shape for leaf in network.leaves}
     declared = network.apply_fn.layers()
     out = []
@@ -425,12 +425,10 @@ class Network(SupervisedModel):
     def to_config(self) -> dict:
         """A JSON-able description (for the run's fingerprint and provenance). It names ``apply_fn``
         but cannot rebuild it: ``ppl.models.from_config`` refuses a Network."""
-        from ppl.models import priors as _priors
-
         fn = self.apply_fn
         prior = self.prior
-        if isinstance(prior, _priors.Prior):
-            prior = _priors.prior_record(prior)
+        if isinstance(prior, Prior):
+            prior = prior_record(prior)
         fields = {
             "apply_fn": getattr(fn, "origin", None)
             or f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}",
@@ -603,8 +601,6 @@ class _Taps:
         self.inputs = [None] * len(layers)
 
     def __call__(self, prefix: str, x, call):
-        from ppl.models.cnn import image_patches
-
         i = self.index[prefix]
         if self.inputs[i] is not None:
             raise OptionError(

@@ -10,10 +10,12 @@ dataclass, so a model that holds it stays hashable (jit caches key on it).
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import math
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpyro.distributions as dist
 
@@ -186,8 +188,6 @@ class ByName(Prior):
 
 def prior_record(prior: Prior) -> dict:
     """A prior as plain JSON-able data: its class name and fields."""
-    import dataclasses
-
     if isinstance(prior, ByName):
         return prior.record()
     return {"prior": type(prior).__name__,
@@ -197,8 +197,6 @@ def prior_record(prior: Prior) -> dict:
 def prior_from_record(record, nested: bool = False) -> Prior:
     """Rebuild a prior from :func:`prior_record`'s form; only the classes here can be named, and
     every value goes through the class's own validation."""
-    import dataclasses
-
     classes = {cls.__name__: cls for cls in (Isotropic, PerLayer, FanIn, ScaleMixture)}
     if not isinstance(record, dict):
         raise ValueError(f"a prior record must be an object, got {type(record).__name__}")
@@ -233,8 +231,6 @@ class _ScaleMixtureNormal(dist.Distribution):
         super().__init__(batch_shape=tuple(shape))
 
     def sample(self, key, sample_shape=()):
-        import jax
-
         key_pick, key_normal = jax.random.split(key)
         shape = tuple(sample_shape) + self.batch_shape
         pick = jax.random.bernoulli(key_pick, self.pi, shape)
