@@ -65,7 +65,7 @@ class VAEReport:
 def vae_report(post, X, *, seed, num_samples: int = 500, gap_points: int = 20) -> VAEReport:
     """Quality of a fitted VAE on data ``X`` (see the module docstring)."""
     from ppl import _vae
-    from ppl._posterior import as_key
+    from ppl._keys import as_key
     from ppl.diagnostics import _arviz
 
     import jax

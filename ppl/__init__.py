@@ -31,7 +31,8 @@ _LAZY = {
     "compare": "ppl._compare",
     "evaluate": "ppl._evaluate",
     "fit": "ppl._fit",
-    "load": "ppl._io",
+    "load": "ppl._load",
+    "sbc": "ppl._sbc",
     "KFold": "ppl._kfold",
     "kfold": "ppl._kfold",
     "Posterior": "ppl._posterior",
@@ -80,16 +81,6 @@ __all__ = [
     "use_compilation_cache",
 ]
 __version__ = "0.1.0"
-
-
-def sbc(model_fn, method, num_simulations, seed, **options):
-    """Simulation-based calibration of ``method`` on ``model_fn`` (see :func:`ppl.diagnostics.sbc.sbc`).
-
-    Imported on first use, so ``import ppl`` stays fast.
-    """
-    from ppl.diagnostics.sbc import sbc as run_sbc
-
-    return run_sbc(model_fn, method, num_simulations, seed, **options)
 
 
 def __getattr__(name: str):

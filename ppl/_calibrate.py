@@ -322,7 +322,7 @@ def _uniforms(seed, count: int, tag: int) -> np.ndarray:
     """``count`` uniforms on [0, 1) for APS's randomisation, from ``seed`` folded with ``tag``."""
     import jax
 
-    from ppl._posterior import as_key
+    from ppl._keys import as_key
 
     return np.asarray(jax.random.uniform(jax.random.fold_in(as_key(seed), tag), (count,)), dtype=np.float64)
 
@@ -607,7 +607,7 @@ def load_calibration(path, *, model=None, trust: bool = False):
     or ``ppl calibrate``), on the run's posterior; both are read from one snapshot of the folder and
     checked as ``ppl.load`` checks a run. ``model`` and ``trust`` as for ``ppl.load``."""
     from ppl._errors import RunError
-    from ppl._io import load_with
+    from ppl._load import load_with
 
     posterior, record = load_with(path, CALIBRATION_FILE, model=model, trust=trust)
     if record is None:

@@ -18,7 +18,8 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from ppl._errors import ResumeError
+from ppl._errors import ResumeError, RunError
+from ppl._io import save_run
 
 __all__ = ["ResumeState", "Session", "Interrupted", "restore_tree"]
 
@@ -142,9 +143,6 @@ class Interrupted(KeyboardInterrupt):
         self.fingerprint = None
 
     def save(self, path) -> None:
-        from ppl._errors import RunError
-        from ppl._io import save_run
-
         if self.resume_state is None:
             raise RunError(f"nothing to save: {self} — this method keeps no state to resume from; run it again")
 

@@ -11,7 +11,7 @@ import numpy as np
 from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, Session
 from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._posterior import as_key, seed_record
+from ppl._keys import as_key, seed_record
 from ppl._problem import compile_problem
 
 __all__ = ["fit", "fingerprint_of"]
@@ -209,7 +209,7 @@ def _warn_if_labels_fit_as_numbers(model, data) -> None:
 def _split_validation(model, data, fraction, seed) -> tuple:
     """(training rows, held-out rows): ``fraction`` of the rows of ``data`` held out at random."""
     from ppl._data import validate_supervised
-    from ppl._posterior import derived_key
+    from ppl._keys import derived_key
     from ppl.models import SupervisedModel
 
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) or not 0 < fraction <= 0.5:
@@ -238,7 +238,7 @@ def _split_validation(model, data, fraction, seed) -> tuple:
 
 def _resume_state(resume, fingerprint: dict):
     """The ResumeState in ``resume`` after checking that it belongs to this run."""
-    from ppl import _io
+    from ppl import _io, _load
     from ppl._posterior import Posterior
 
     if isinstance(resume, Interrupted):
@@ -246,7 +246,7 @@ def _resume_state(resume, fingerprint: dict):
     elif isinstance(resume, Posterior):
         state, theirs = resume.resume_state, resume.fingerprint
     elif isinstance(resume, (str, os.PathLike)):
-        _, state, meta = _io.load_run(resume)
+        _, state, meta = _load.load_run(resume)
         theirs = meta.get("fingerprint")
     else:
         raise OptionError(
@@ -256,7 +256,7 @@ def _resume_state(resume, fingerprint: dict):
         raise ResumeError(f"{resume!r} holds no state to resume: the run it records already finished")
     if theirs is None:
         raise ResumeError(f"{resume!r} does not record which run wrote it, so it cannot be checked; start afresh")
-    differences = _differences(theirs, _io._unjson(fingerprint))
+    differences = _differences(theirs, _io.unjson(fingerprint))
     if differences:
         raise ResumeError(
             "the checkpoint belongs to another run — " + "; ".join(differences)
@@ -291,7 +291,7 @@ def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, 
 
     method_obj = registry.create(method, options)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
-    return _io._unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
+    return _io.unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
 
 
 def method_options(method: str) -> tuple[str, ...]:

@@ -1,4 +1,7 @@
-"""Saving and loading runs: ``Posterior.save(path)``, ``ppl.load(path)``, checkpoints.
+"""Run folders: writing them (``Posterior.save(path)``, checkpoints) and reading their files checked.
+
+Building a Posterior back from a folder (``ppl.load``) is ``ppl._load``, above the Posterior; this
+module sits below it and below the checkpoints, which write through it.
 
 A run folder holds
 
@@ -32,28 +35,34 @@ for folders the caller wrote themselves.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import dataclasses
 import errno
 import hashlib
-import importlib
 import io
 import json
 import math
 import os
+import platform
 import re
 import shutil
 import stat
+import sys
 import tempfile
 import time
 import zipfile
+from importlib import metadata
 from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
+from jax.flatten_util import ravel_pytree
 
-from ppl._errors import DataError, RunError
-from ppl._records import RECORDS, from_saved, to_saved
+from ppl._errors import RunError
+from ppl._records import RECORDS, to_saved
+from ppl.inference import registry
 
-__all__ = ["RunTarget", "save_run", "save_posterior", "load", "load_run", "read_run_meta", "run_lock", "fingerprint"]
+__all__ = ["RunTarget", "save_run", "save_posterior", "read_run_meta", "read_run_files", "run_lock", "fingerprint"]
 
 FORMAT = "ppl-run"
 FORMAT_VERSION = 3  # 3: typed run records (status, trace, chain_stats, evidence) apart from info
@@ -139,7 +148,7 @@ def check_writable_run(path: Path) -> None:
     if not present:
         return
     try:
-        with _open_snapshot(path) as snapshot:
+        with open_snapshot(path) as snapshot:
             listed = set(snapshot.manifest["files"]) | {MANIFEST}
     except RunError:
         raise RunError(
@@ -236,7 +245,7 @@ def _sha256(path: Path) -> str:
 
 
 def _dump(obj) -> bytes:
-    return json.dumps(_jsonable(obj), indent=2, allow_nan=False).encode()
+    return json.dumps(jsonable(obj), indent=2, allow_nan=False).encode()
 
 
 def save_run(
@@ -269,7 +278,7 @@ def add_run_files(path, files: dict) -> None:
     path = Path(path)
 
     def write(staging: Path) -> None:
-        with _open_snapshot(path) as snapshot:
+        with open_snapshot(path) as snapshot:
             if not snapshot.json(META).get("has_posterior"):
                 raise RunError(f"{path}: this folder holds a checkpoint with no draws yet; finish the run first")
             for existing in snapshot.manifest["files"]:
@@ -335,8 +344,6 @@ def _write_run(path: Path, write, kept: str, retry: str) -> None:
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically swap two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where unsupported."""
     try:
-        import ctypes
-
         libc = ctypes.CDLL(None, use_errno=True)
         renameat2 = libc.renameat2
     except (OSError, AttributeError):
@@ -384,9 +391,6 @@ def save_posterior(posterior, path, *, extra_files=None, with_diagnostics=True) 
 
 def package_versions() -> dict:
     """Versions of Python and of the packages a run's numbers depend on."""
-    import platform
-    from importlib import metadata
-
     versions = {"python": platform.python_version()}
     for name in ("ppl", "jax", "jaxlib", "numpyro", "optax", "blackjax", "arviz", "numpy"):
         try:
@@ -417,14 +421,12 @@ def provenance(problem, fitted=None, method=None) -> dict:
         options = method.as_dict() if method is not None else {}
         named = [f"{k}={options[k]!r}" for k in getattr(method, "model_options", ()) if options.get(k) is not None]
         record.update(model=used, declared_model=record["model"], replaced_by=", ".join(named) or "the method's options",
-                      replaced=_model_difference(problem.model, fitted.model) or used)
+                      replaced=model_difference(problem.model, fitted.model) or used)
     return record
 
 
-def _model_difference(declared, used) -> str | None:
+def model_difference(declared, used) -> str | None:
     """The settings in which model ``used`` differs from ``declared``, as 'field=used (declared: …)'."""
-    import dataclasses
-
     if type(declared) is not type(used) or not dataclasses.is_dataclass(declared):
         return None
     changed = [f"{f.name}={getattr(used, f.name)!r} (declared: {getattr(declared, f.name)!r})"
@@ -440,8 +442,6 @@ def not_importable(model) -> str | None:
     another process would resolve to something else (``__main__``, a notebook cell, a function
     defined inside another function, a lambda).
     """
-    import sys
-
     module, qualname = getattr(model, "__module__", None), getattr(model, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str):
         return f"a {type(model).__name__} has no module-level name"
@@ -466,11 +466,11 @@ def model_record(model) -> dict:
     return {"kind": "function", "module": str(module), "qualname": str(name)}
 
 
-def _jsonable(value):
+def jsonable(value):
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray) and value.ndim == 0:
         value = value.item()
     if isinstance(value, np.generic):
@@ -482,13 +482,13 @@ def _jsonable(value):
     return None
 
 
-def _unjson(value):
+def unjson(value):
     if isinstance(value, dict):
         if set(value) == {"float"} and value["float"] in ("nan", "inf", "-inf"):
             return float(value["float"])
-        return {k: _unjson(v) for k, v in value.items()}
+        return {k: unjson(v) for k, v in value.items()}
     if isinstance(value, list):
-        return [_unjson(v) for v in value]
+        return [unjson(v) for v in value]
     return value
 
 
@@ -505,8 +505,8 @@ def fingerprint(problem, method_obj, seed_record) -> dict:
         array = np.ascontiguousarray(np.asarray(data[name]))
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
         digest.update(array.tobytes())
-    digest.update(json.dumps(_jsonable(problem.spec.static_kwargs)).encode())
-    return _jsonable({
+    digest.update(json.dumps(jsonable(problem.spec.static_kwargs)).encode())
+    return jsonable({
         "method": method_obj.name,
         "options": method_obj.as_dict(),
         "seed": seed_record,
@@ -547,7 +547,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         if isinstance(value, np.ndarray) or (hasattr(value, "__array__") and not np.isscalar(value)):
             arrays[f"info/{key}"] = np.asarray(value)
         else:
-            scalars[key] = _jsonable(value)
+            scalars[key] = jsonable(value)
     arrays["flat_draws"] = np.asarray(posterior.flat_draws)
     if problem.is_declarative:
         arrays["data/X"], arrays["data/y"] = (np.asarray(a) for a in problem.data)
@@ -563,8 +563,6 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         for name, value in posterior.draws.items():
             arrays[f"draws/{name}"] = np.asarray(value)
     if getattr(posterior, "local_guide", None) is not None:
-        from jax.flatten_util import ravel_pytree
-
         arrays["local/encoder"] = np.asarray(ravel_pytree(posterior.local_guide[1])[0])
     family = posterior.approximation
     if family is not None:
@@ -583,7 +581,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         "temperature": float(problem.temperature),
         "tempering": problem.tempering,
         "approximation": None if family is None else family.kind,
-        "provenance": _jsonable(posterior.provenance),
+        "provenance": jsonable(posterior.provenance),
         "sites": [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites],
         "deterministic": [[s.name, list(s.shape)] for s in problem.deterministic_sites],
         "function_sites": list(problem.function_sites),
@@ -599,7 +597,7 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
 
 
 # -- reading --------------------------------------------------------------------------------------
-class _Schema:
+class Schema:
     """Checks JSON values read from a run folder, with errors naming the file and the field."""
 
     def __init__(self, folder: Path, filename: str):
@@ -637,7 +635,7 @@ class _Schema:
         raise self.fail(field, "JSON scalars and lists", value)
 
 
-class _Snapshot:
+class Snapshot:
     """The files of one run folder, read once each through one directory handle and checked
     against the folder's manifest: every byte parsed is a byte whose checksum was verified.
 
@@ -714,7 +712,7 @@ class _Snapshot:
                 ) from None
             raise RunError(f"{folder} is not a saved ppl run (no {MANIFEST}); save one with post.save(path)") from None
         manifest = _parse_json(raw, folder, MANIFEST)
-        schema = _Schema(folder, MANIFEST)
+        schema = Schema(folder, MANIFEST)
         if not isinstance(manifest, dict):
             raise schema.fail("(top level)", "an object", manifest)
         if manifest.get("format") != FORMAT:
@@ -831,11 +829,11 @@ def _parse_arrays(raw: bytes, folder: Path) -> dict:
     return arrays
 
 
-def _open_snapshot(path) -> _Snapshot:
-    return _Snapshot(Path(path))
+def open_snapshot(path) -> Snapshot:
+    return Snapshot(Path(path))
 
 
-def _with_snapshot(path, read):
+def with_snapshot(path, read):
     """``read(snapshot)``, retried when a concurrent save replaced the folder while it was read.
 
     A save swaps the new run in and then deletes the old one's files; a reader holding the old folder
@@ -844,7 +842,7 @@ def _with_snapshot(path, read):
     """
     attempts = 12
     for attempt in range(attempts):
-        snapshot = _open_snapshot(path)
+        snapshot = open_snapshot(path)
         try:
             return read(snapshot)
         except _Vanished:
@@ -857,7 +855,7 @@ def _with_snapshot(path, read):
 
 def read_run_meta(path) -> tuple[dict, dict | None, dict]:
     """(checked posterior.json, diagnostics record or None, manifest) of a run folder; imports nothing."""
-    return _with_snapshot(path, lambda snapshot: (*_read_meta(snapshot), snapshot.manifest))
+    return with_snapshot(path, lambda snapshot: (*read_meta(snapshot), snapshot.manifest))
 
 
 def read_run_files(path, extras: tuple = ()) -> tuple[dict, dict | None, dict]:
@@ -868,10 +866,10 @@ def read_run_files(path, extras: tuple = ()) -> tuple[dict, dict | None, dict]:
     def read(snapshot):
         for name in snapshot.manifest["files"]:
             snapshot.file(name)
-        meta, diagnostics = _read_meta(snapshot)
+        meta, diagnostics = read_meta(snapshot)
         return meta, diagnostics, {name: snapshot.json(name) for name in extras if snapshot.has(name)}
 
-    return _with_snapshot(path, read)
+    return with_snapshot(path, read)
 
 
 # Types of the info entries that diagnostics read (others are kept as they are).
@@ -891,13 +889,13 @@ _CHECK_TYPES = {"field": (str,), "value": (int, float, bool, str, type(None)), "
 
 
 
-def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
+def read_meta(snapshot: Snapshot) -> tuple[dict, dict | None]:
     folder = snapshot.folder
     meta = snapshot.json(META)
-    schema = _Schema(folder, META)
+    schema = Schema(folder, META)
     if not isinstance(meta, dict):
         raise schema.fail("(top level)", "an object", meta)
-    meta = _unjson(meta)
+    meta = unjson(meta)
     status = schema.get(meta, "status", str, "a status")
     if status not in STATUSES:
         raise schema.fail("status", f"one of {STATUSES}", status)
@@ -914,11 +912,9 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
         if not 0 <= leaves <= 100_000:
             raise schema.fail("resume.num_leaves", "a count", leaves)
     if meta["has_posterior"]:
-        from ppl.inference.registry import METHODS
-
-        if schema.get(meta, "method", str, "a method name") not in METHODS:
+        if schema.get(meta, "method", str, "a method name") not in registry.METHODS:
             # the method decides which kinds of posterior and which checks the run can have
-            raise schema.fail("method", f"a registered method ({', '.join(METHODS)})", meta["method"])
+            raise schema.fail("method", f"a registered method ({', '.join(registry.METHODS)})", meta["method"])
         schema.scalar_tree("options", schema.get(meta, "options", dict, "an object"))
         seed = schema.get(meta, "seed", (int, list), "an int or a key", optional=True)
         if isinstance(seed, list) and not (len(seed) == 2 and all(isinstance(v, int) and 0 <= v < 2**32 for v in seed)):
@@ -1008,10 +1004,10 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
     diagnostics = None
     if snapshot.has(DIAGNOSTICS):
         diagnostics = snapshot.json(DIAGNOSTICS)
-        check = _Schema(folder, DIAGNOSTICS)
+        check = Schema(folder, DIAGNOSTICS)
         if not isinstance(diagnostics, dict):
             raise check.fail("(top level)", "an object", diagnostics)
-        diagnostics = _unjson(check.scalar_tree("(record)", diagnostics))
+        diagnostics = unjson(check.scalar_tree("(record)", diagnostics))
         unknown = sorted(set(diagnostics) - set(_DIAGNOSTIC_TYPES))
         if unknown:
             raise check.fail("(fields)", "Diagnostics fields only", unknown)
@@ -1049,186 +1045,6 @@ def _read_meta(snapshot: _Snapshot) -> tuple[dict, dict | None]:
     return meta, diagnostics
 
 
-def _diagnostics_from(record: dict, folder: Path):
-    """The Diagnostics record of a diagnostics.json that ``_read_meta`` checked field by field."""
-    from ppl._results import Check, Diagnostics
-
-    pointwise = record["elpd_loo_pointwise"]
-    return Diagnostics(**{**record, "checks": [Check(**item) for item in record["checks"]],
-                          "elpd_loo_pointwise": None if pointwise is None else np.asarray(pointwise, dtype=float)})
-
-
-def saved_diagnostics(path):
-    """The diagnostics saved in run folder ``path`` (None if it has none), the verdict decided again
-    from the saved values: for runs whose model cannot be run here (a Network's run, read without its
-    forward pass). A run that loads with its model should be diagnosed with ``ppl.load(path).diagnostics()``."""
-
-    def read(snapshot):
-        meta, diagnostics = _read_meta(snapshot)
-        if diagnostics is None or not meta["has_posterior"]:
-            return None
-        arrays = snapshot.arrays()
-        num_params = sum(int(np.prod(s[2], dtype=np.int64)) for s in meta["sites"])
-        flat = _check_array(snapshot.folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
-        records = _records(snapshot.folder, meta, arrays)
-        if meta["model"]["kind"] == "function":  # a plain program's run: judged as a detached load judges it
-            draws = _program_draws(snapshot.folder, meta, arrays, flat)
-            return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder,
-                                         measured=_measured_chains(meta, arrays, draws, flat))
-        return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder)
-
-    return _with_snapshot(path, read)
-
-
-def _program_draws(folder: Path, meta: dict, arrays: dict, flat: np.ndarray) -> dict:
-    """A plain program's stored (constrained) draws by site, checked against the layout and the flat draws."""
-    draws = {}
-    finite = np.all(np.isfinite(flat), axis=-1)  # (chain, draw)
-    for name, shape, _ in meta["sites"]:
-        draws[name] = _check_array(folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape))
-        # The verdict counts the non-finite flat draws; a constrained copy edited to NaN or inf where
-        # they are finite would be shown and summarised beside a verdict that never saw it.
-        values = draws[name].reshape(meta["num_chains"], meta["num_draws"], -1)
-        if np.any(finite & ~np.all(np.isfinite(values), axis=-1)):
-            raise RunError(f"{folder}/{ARRAYS}: array 'draws/{name}' holds non-finite values where the flat draws are "
-                           "finite — the file was edited")
-    for name, shape in meta["deterministic"]:  # a deterministic site may hold integers or flags
-        draws[name] = _check_array(
-            folder, arrays, f"draws/{name}", (meta["num_chains"], meta["num_draws"], *shape), kinds="biuf"
-        )
-    return draws
-
-
-def _measured_chains(meta: dict, arrays: dict, draws: dict, flat: np.ndarray):
-    """The chain checks of a plain program's sampler run, measured again from its stored draws (None
-    for other kinds): a detached load cannot run the program, but R-hat and ESS need only the draws."""
-    if meta["kind"] != "chains":
-        return None
-    from ppl._verdict import measure_chains
-
-    return measure_chains(method=meta["method"], options=meta["options"], info=_info(meta, arrays), draws=draws,
-                          latent=tuple(name for name, _, _ in meta["sites"]),
-                          function_sites=tuple(meta["function_sites"]), flat_draws=flat)
-
-
-def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path, measured=None):
-    """The saved diagnostics of a run that cannot be recomputed here, with the verdict decided again
-    from the saved values and from what the stored draws measure (``measured``; see :mod:`ppl._verdict`)."""
-    from ppl._verdict import rederive
-
-    if (record["method"], record["num_chains"], record["num_draws"]) != (meta["method"], meta["num_chains"], meta["num_draws"]):
-        raise RunError(
-            f"{folder}/{DIAGNOSTICS}: describes a {record['method']} run of {record['num_chains']} chain(s) × "
-            f"{record['num_draws']} draws, but {META} a {meta['method']} run of {meta['num_chains']} × {meta['num_draws']} "
-            "— the file was edited or belongs to another run"
-        )
-    return rederive(_diagnostics_from(record, folder), kind=meta["kind"], records=records, flat_draws=flat,
-                    where=f"{folder}/{DIAGNOSTICS}", measured=measured)
-
-
-def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:
-    if key not in arrays:
-        raise RunError(f"{folder}/{ARRAYS}: array {key!r} is missing — the file was edited or belongs to another run")
-    value = arrays[key]
-    if value.dtype.kind not in kinds:
-        raise RunError(f"{folder}/{ARRAYS}: array {key!r} has dtype {value.dtype}; expected {'float' if kinds == 'f' else kinds}")
-    if shape is not None and tuple(value.shape) != tuple(shape):
-        raise RunError(f"{folder}/{ARRAYS}: array {key!r} has shape {list(value.shape)}; expected {list(shape)}")
-    return value
-
-
-def _resume_state(meta: dict, arrays: dict, folder: Path):
-    from ppl._checkpoint import ResumeState
-
-    record = meta.get("resume")
-    if record is None:
-        return None
-    leaves = [_check_array(folder, arrays, f"state/{i}", kinds="biuf") for i in range(record["num_leaves"])]
-    extra = {k[len("resume/"):]: v for k, v in arrays.items() if k.startswith("resume/")}
-    return ResumeState(record["kind"], record["progress"], leaves, extra)
-
-
-def _static_kwargs(meta: dict) -> dict:
-    return {k: tuple(v) if was_tuple and isinstance(v, list) else v for k, v, was_tuple in meta["static_kwargs"]}
-
-
-def _import_program(record: dict, folder: Path):
-    try:
-        obj = importlib.import_module(record["module"])
-        for part in record["qualname"].split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError, TypeError, ValueError) as error:
-        raise RunError(
-            f"{folder}: the run's program {record.get('module')}.{record.get('qualname')} cannot be imported "
-            f"({error}); pass it instead: ppl.load(path, model=fn)"
-        ) from None
-    if not callable(obj):
-        raise RunError(f"{folder}: {record['module']}.{record['qualname']} is not callable")
-    return obj
-
-
-def load_run(path, *, model=None, trust: bool = False, extra: str | None = None):
-    """(Posterior or None, ResumeState or None, meta) of a run folder. See :func:`load`. With ``extra``
-    (a file name), a fourth item: that file's parsed JSON from the same snapshot, or None if absent."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise RunError(f"a run folder is a path (str or pathlib.Path), got {type(path).__name__}")
-
-    def read(snapshot):
-        loaded = _load_from(snapshot, model, trust)
-        if extra is None:
-            return loaded
-        return (*loaded, snapshot.json(extra) if snapshot.has(extra) else None)
-
-    return _with_snapshot(path, read)
-
-
-def _given_network(model, record: dict, data, folder):
-    """The Network a run was fitted with, as the caller passed it back (``model=``), checked against
-    the saved record: a Network's apply function is code, which loading never imports or calls by name."""
-    from ppl.models import Network
-
-    fields = record.get("fields") if isinstance(record.get("fields"), dict) else {}
-    if model is None:
-        raise RunError(
-            f"{folder}: a run of a Network (apply function {fields.get('apply_fn', '?')}), whose forward pass is code that "
-            "ppl never imports from a file; load it with model= the same model built again: the CNN(...), "
-            "Network.from_flax(module, ...), Network.from_equinox(module, ...) or Network(apply_fn, template, ...) "
-            "it was fitted with"
-        )
-    try:
-        given = model.bind(*data) if hasattr(model, "bind") else model
-    except (ValueError, TypeError, DataError) as error:
-        raise RunError(f"{folder}: the model given does not take the saved data ({error})") from None
-    if not isinstance(given, Network):
-        raise RunError(f"{folder}: this run is of a Network; model= must be a Network or a CNN, got {type(model).__name__}")
-    mine = given.to_config()["fields"]
-    legacy = f"ppl.models.network.{type(given.apply_fn).__name__}"
-    if fields.get("apply_fn") == legacy and getattr(given.apply_fn, "origin", None):
-        # runs saved before adapters recorded the module's class named only the adapter
-        fields = {**fields, "apply_fn": mine["apply_fn"]}
-    differ = [f"{key}: saved {fields.get(key)!r}, given {mine.get(key)!r}" for key in sorted(set(fields) | set(mine))
-              if _plain(fields.get(key)) != _plain(mine.get(key))]
-    if differ:
-        raise RunError(f"{folder}: the model given is not the Network this run was fitted with — " + "; ".join(differ))
-    return given
-
-
-def _plain(value):
-    """``value`` as it reads back from JSON (tuples become lists), for comparing records."""
-    return json.loads(json.dumps(_jsonable(value)))
-
-
-def _declared_num_params(model, X) -> int:
-    """How many parameters a declarative model has on inputs X, from its configuration alone.
-
-    Checked against the saved layout before the model is run: a configuration edited to huge
-    widths is refused without allocating anything.
-    """
-    total = sum(layer.fan_in * layer.fan_out + (layer.fan_out if layer.bias else 0) for layer in model.layers(X.shape[-1]))
-    noise = (model.num_outputs if model.multi_output else 1) if model.likelihood == "gaussian" and model.noise_scale is None else 0
-    return total + noise
-
-
 def _kinds_allowed(method: str, family: str | None, options: dict, model: dict) -> tuple:
     """The posterior kinds a run of registered ``method`` with ``options`` and a saved approximation
     of kind ``family`` can have: what the approximation admits, narrowed to what the method declares
@@ -1240,9 +1056,7 @@ def _kinds_allowed(method: str, family: str | None, options: dict, model: dict) 
         by_family = ("point",)
     else:
         by_family = ("mixture",) if family.startswith("mixture:") else ("independent",)
-    from ppl.inference.registry import get
-
-    declared = {get(method).kind}
+    declared = {registry.get(method).kind}
     guide = options.get("guide", "auto")
     fields = model.get("fields") if isinstance(model.get("fields"), dict) else {}
     if method == "svi" and (guide == "delta" or (
@@ -1266,274 +1080,3 @@ def _layout_of_options(kind: str, options: dict) -> tuple | None:
 
 
 # Record fields that count something (steps, chains, tree depths) or measure a size: never negative.
-_COUNTS = {
-    "status": ("steps_done", "chains_done"), "trace": ("kl_warmup", "grad_norm", "loss_noise"),
-    "chain_stats": ("max_tree_depth", "leapfrog_cap", "variance_inflation", "temperature"),
-}
-
-
-def _records(folder: Path, meta: dict, arrays: dict) -> dict:
-    """The typed run records, each field checked against its declared type; arrays of chain
-    statistics must match the draws' (chain, draw) layout."""
-    schema, records = _Schema(folder, META), {}
-    chains, draws = meta["num_chains"], meta["num_draws"]
-    for name in RECORDS:
-        prefix = f"records/{name}/"
-        parts = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        if meta["records"][name] is None:
-            if parts:
-                raise RunError(f"{folder}/{ARRAYS}: arrays {sorted(parts)} belong to the absent record {name!r}")
-            records[name] = None
-            continue
-        record = from_saved(name, meta["records"][name], parts, schema.fail)
-        for field in _COUNTS.get(name, ()):
-            value = getattr(record, field)
-            if value is not None and value < 0:
-                raise schema.fail(f"records.{name}.{field}", "a non-negative count", value)
-        if name == "evidence" and record.closed_form and meta["method"] != "exact":
-            # a closed form makes constant log p − log q read as a perfect fit: only exact has one
-            raise schema.fail("records.evidence.closed_form", "false for a method without a closed form", True)
-        for field, value in parts.items():
-            if name == "trace":  # losses: (steps,), or (members, steps)
-                fits, wanted = value.ndim in (1, 2), "a 1-D or 2-D array"
-            else:  # chain statistics: per transition (chain, draw) or per chain
-                shapes = ((chains,),) if field == "step_size" else ((chains, draws), (chains,))
-                fits, wanted = tuple(value.shape) in shapes, f"shape {' or '.join(str(list(s)) for s in shapes)}"
-            if not fits:
-                raise RunError(f"{folder}/{ARRAYS}: array 'records/{name}/{field}' has shape {list(value.shape)}; expected {wanted}")
-        records[name] = record
-    return records
-
-
-def _load_from(snapshot: _Snapshot, model, trust: bool):
-    from ppl._posterior import Posterior
-    from ppl._problem import compile_problem
-
-    folder = snapshot.folder
-    meta, diagnostics = _read_meta(snapshot)
-    arrays = snapshot.arrays()
-    resume = _resume_state(meta, arrays, folder)
-    if not meta["has_posterior"]:
-        return None, resume, meta
-    record = meta["model"]
-    sites = meta["sites"]
-    # Python ints: an int64 product of edited shapes wraps round (2**32 × 2**32 is 0) or overflows.
-    num_params = sum(math.prod(s[2]) for s in sites)
-    flat = _check_array(folder, arrays, "flat_draws", (meta["num_chains"], meta["num_draws"], num_params))
-    if record["kind"] == "declarative" and record.get("class") == "Network":
-        X = _check_array(folder, arrays, "data/X")
-        data = (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
-        model = _given_network(model, record, data, folder)
-    elif record["kind"] == "declarative":
-        if model is not None:
-            raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
-        from ppl.models import from_config
-
-        unsupervised = record.get("class") == "VAE"
-        X = _check_array(folder, arrays, "data/X")
-        data = X if unsupervised else (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
-        try:
-            model = from_config(record)
-            if X.ndim != 2:
-                declared = -1
-            elif unsupervised:
-                declared = model.num_global_params(X.shape[1])
-            else:
-                declared = _declared_num_params(model.bind(*data), X)
-        except (ValueError, TypeError, KeyError, DataError) as error:
-            raise RunError(f"{folder}/{META}: the model configuration is invalid ({error})") from None
-        if declared != num_params:
-            raise RunError(
-                f"{folder}/{META}: the model configuration describes {declared} parameters on the saved data, but "
-                f"the saved draws have {num_params} — the file was edited"
-            )
-    else:
-        data = {k[len("data/"):]: v for k, v in arrays.items() if k.startswith("data/")}
-        if model is None and trust:
-            model = _import_program(record, folder)
-        if model is None:
-            draws = _program_draws(folder, meta, arrays, flat)
-            records = _records(folder, meta, arrays)
-            # The saved approximation needs no program to be checked: draws edited apart from it (shifted,
-            # swapped for another run's) are refused as on an attached load.
-            _stored_approximation(folder, meta, arrays, flat, num_params, flat.dtype)
-            measured = None if diagnostics is None else _measured_chains(meta, arrays, draws, flat)
-            return Posterior.detached(
-                method=meta["method"], kind=meta["kind"], draws=draws, records=records,
-                info=_info(meta, arrays), options=meta["options"],
-                seed=meta["seed"], wall_time_s=meta["wall_time_s"],
-                # without the program nothing can be recomputed: the saved values are judged again
-                diagnostics=None if diagnostics is None else rederived_diagnostics(diagnostics, meta, records, flat, folder,
-                                                                                   measured=measured),
-                program=f"{record['module']}.{record['qualname']}", folder=str(folder),
-                sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
-                deterministic_sites=tuple(name for name, _ in meta["deterministic"]),
-                function_sites=tuple(meta["function_sites"]),
-            ), resume, meta
-        if not callable(model):
-            raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
-        data.update(_static_kwargs(meta))
-    try:
-        problem = compile_problem(model, data, temperature=meta["temperature"], tempering=meta["tempering"])
-    except (ValueError, TypeError) as error:
-        raise RunError(f"{folder}: the saved data do not fit the model ({error})") from None
-    layout = [[s.name, list(s.shape), list(s.unconstrained_shape)] for s in problem.sites]
-    if layout != sites:
-        raise RunError(
-            f"{folder}: the program's latent sites {[s[0] for s in layout]} (shapes {[s[1] for s in layout]}) differ from "
-            f"the saved run's {[s[0] for s in sites]} (shapes {[s[1] for s in sites]}); pass the program it was fitted with"
-        )
-    deterministic = [[s.name, list(s.shape)] for s in problem.deterministic_sites]
-    if deterministic != meta["deterministic"]:
-        raise RunError(
-            f"{folder}: the program's deterministic sites {deterministic} differ from the saved run's "
-            f"{meta['deterministic']}; pass the program it was fitted with"
-        )
-    if meta["function_sites"]:
-        # Checked against the saved deterministic sites, which the program has just been shown to have.
-        import dataclasses
-
-        from ppl._problem import Problem
-
-        spec = dataclasses.replace(problem.spec, function_sites=tuple(meta["function_sites"]))
-        problem = Problem(spec, problem.data, problem.temperature)
-    family = _stored_approximation(folder, meta, arrays, flat, num_params, problem.init_params.dtype)
-    posterior = Posterior(
-        method=meta["method"], kind=meta["kind"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
-        **_records(folder, meta, arrays), info=_info(meta, arrays), options=meta["options"], seed=meta["seed"],
-        approximation=family,
-        wall_time_s=meta["wall_time_s"],
-    )
-    if problem.local_sites:
-        posterior.local_guide = _local_guide(folder, problem, meta, arrays)
-    _remeasure(posterior, meta["seed"])
-    if "heldout/X" in arrays or "heldout/y" in arrays:
-        _attach_heldout(posterior, arrays, folder)
-    posterior.resume_state = resume
-    posterior.fingerprint = meta.get("fingerprint")
-    posterior.provenance = _replacement_from_records(meta, problem.model, folder)
-    # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
-    return posterior, resume, meta
-
-
-def _remeasure(posterior, seed) -> None:
-    """The method measures again what it measured at the draws and its verdict reads (SG-MCMC's
-    temperature), with the run's own key when the seed is saved: no stored number decides a verdict."""
-    import jax.numpy as jnp
-
-    from ppl._posterior import as_key
-    from ppl.inference.registry import get
-
-    key = as_key(0 if seed is None else seed if isinstance(seed, int) else jnp.asarray(seed, dtype=jnp.uint32))
-    get(posterior.method).remeasure(posterior, key)
-
-
-def _attach_heldout(posterior, arrays: dict, folder: Path) -> None:
-    """The saved held-out rows, checked as new held-out data would be (the verdict is recomputed
-    from them; a run saved with them cannot lose them unnoticed)."""
-    if "heldout/X" not in arrays or "heldout/y" not in arrays:
-        raise RunError(f"{folder}/{ARRAYS}: held-out rows are saved without their {'targets' if 'heldout/X' in arrays else 'inputs'}"
-                       " — the file was edited")
-    X = _check_array(folder, arrays, "heldout/X")
-    y = _check_array(folder, arrays, "heldout/y", kinds="biuf")
-    try:
-        posterior.hold_out(X, y)
-    except (ValueError, TypeError, DataError) as error:
-        raise RunError(f"{folder}/{ARRAYS}: the saved held-out rows do not fit the model ({error})") from None
-
-
-def _replacement_from_records(meta: dict, used, folder: Path) -> dict:
-    """The saved provenance, with what says whether an option replaced part of the declared model
-    derived again from the records that decide it — the model fitted against the model in the
-    fingerprint (what the user declared) — never read from the provenance's own words."""
-    provenance = {k: v for k, v in meta["provenance"].items() if k not in ("declared_model", "replaced", "replaced_by")}
-    declared_record = (meta.get("fingerprint") or {}).get("model")
-    if not isinstance(declared_record, dict) or _plain(declared_record) == _plain(meta["model"]):
-        return provenance
-    from ppl.inference.registry import get
-    from ppl.models import from_config
-
-    try:
-        declared = from_config(declared_record)
-    except (ValueError, TypeError, KeyError) as error:
-        raise RunError(f"{folder}/{META}: the fingerprint's model configuration is invalid ({error})") from None
-    method = get(meta["method"])
-    named = [f"{k}={meta['options'][k]!r}" for k in method.model_options if meta["options"].get(k) is not None]
-    if not named:
-        raise RunError(f"{folder}/{META}: the model fitted differs from the one declared, but no option of "
-                       f"{meta['method']} replaces part of a model — the file was edited")
-    provenance.update(model=describe_model(used), declared_model=describe_model(declared), replaced_by=", ".join(named),
-                      replaced=_model_difference(declared, used) or describe_model(used))
-    return provenance
-
-
-def _stored_approximation(folder: Path, meta: dict, arrays: dict, flat: np.ndarray, num_params: int, dtype):
-    """The saved approximation q (None where the run has none), rebuilt with every array checked, and
-    the stored draws checked to be draws of it (in ``dtype``, the precision the run computes in)."""
-    if meta["approximation"] is None:
-        return None
-    from ppl.inference._gaussian import from_arrays, stored_draws_mismatch
-
-    parts = {k[len("approximation/"):]: v for k, v in arrays.items() if k.startswith("approximation/")}
-    try:
-        family = from_arrays(meta["approximation"], parts, dim=num_params)
-    except (ValueError, TypeError, KeyError) as error:
-        raise RunError(f"{folder}/{ARRAYS}: the saved approximation is invalid ({error})") from None
-    mismatch = stored_draws_mismatch(family, flat.astype(dtype, copy=False))
-    if mismatch is not None:
-        raise RunError(f"{folder}/{ARRAYS}: array 'flat_draws' does not hold draws of the saved approximation "
-                       f"({mismatch}) — the file was edited or mixes two runs")
-    return family
-
-
-def _local_guide(folder, problem, meta: dict, arrays: dict):
-    """The amortised guide of a model with local latents: structure from the (checked) method options
-    and model, numbers from ``local/encoder`` (its size must match exactly)."""
-    import jax
-    from jax.flatten_util import ravel_pytree
-
-    from ppl.inference import registry
-
-    try:
-        guide = registry.create(meta["method"], meta["options"]).guide_object(problem)
-    except Exception as error:  # noqa: BLE001 — any failure here is a bad file
-        raise RunError(f"{folder}/{META}: the saved options do not describe a guide ({error})") from None
-    template = jax.eval_shape(lambda: guide.local.init(jax.random.PRNGKey(0), problem.init_params.dtype))
-    zeros = jax.tree_util.tree_map(lambda leaf: np.zeros(leaf.shape, leaf.dtype), template)
-    flat, unravel = ravel_pytree(zeros)
-    saved = _check_array(folder, arrays, "local/encoder", tuple(flat.shape))
-    if not np.all(np.isfinite(saved)):
-        raise RunError(f"{folder}/{ARRAYS}: array 'local/encoder' holds non-finite values")
-    return guide, unravel(saved.astype(flat.dtype, copy=False))
-
-
-def _info(meta: dict, arrays: dict) -> dict:
-    info = dict(meta["info"])
-    info.update({k[len("info/"):]: v for k, v in arrays.items() if k.startswith("info/")})
-    return info
-
-
-def load(path, *, model=None, trust: bool = False):
-    """Load a run written by ``Posterior.save`` or ``ppl fit``; it predicts and diagnoses like the original.
-
-    Nothing named in the folder is imported or called. A run of a declarative model loads complete.
-    A run of a plain NumPyro program loads *detached* — draws, diagnostics and metadata — unless
-    the program is passed back (``model=fn``, checked against the saved site layout) or
-    ``trust=True`` asks to import it by the recorded name (only for folders you wrote yourself).
-    Any corrupt, truncated, edited or partial folder raises one :class:`ppl.RunError` naming the file.
-    """
-    return load_with(path, None, model=model, trust=trust)[0]
-
-
-def load_with(path, extra: str | None, *, model=None, trust: bool = False):
-    """(the posterior as :func:`load` gives it, the parsed JSON of the run's file ``extra`` or None
-    where the run has no such file), both read from one snapshot of the folder."""
-    loaded = load_run(path, model=model, trust=trust, extra=extra)
-    posterior, meta = loaded[0], loaded[2]
-    if posterior is None:
-        progress = (meta.get("resume") or {}).get("progress")
-        raise RunError(
-            f"{path}: this folder holds a checkpoint with no draws yet (progress {progress}); continue it with "
-            "ppl.fit(..., resume=path) or `ppl fit --resume DIR`"
-        )
-    return posterior, (loaded[3] if extra is not None else None)

@@ -63,7 +63,7 @@ def kfold(model, data, method: str = "nuts", *, k: int = 10, seed, mode: str = "
 
     from ppl._data import validate_supervised
     from ppl._fit import fit
-    from ppl._posterior import as_key
+    from ppl._keys import as_key
 
     if not hasattr(model, "to_config"):
         raise OptionError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -11,47 +12,24 @@ import numpy as np
 
 from functools import partial
 
-from ppl._data import validate_inputs
-from ppl._errors import OptionError
-from ppl._results import POSTERIOR_KINDS, Prediction
+from ppl import _vae
+from ppl._data import validate_inputs, validate_supervised
+from ppl._errors import MemoryBudgetError, OptionError, RunError
+from ppl._guide import numpyro_guide
+from ppl._io import not_importable, save_posterior
+from ppl._keys import as_key, check_num_samples
+from ppl._problem import structure_trace
 from ppl._records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
+from ppl._results import POSTERIOR_KINDS, Prediction
+from ppl.inference import _curvature as curvature
+from ppl.inference import registry
+from ppl.inference._base import MEMORY_BUDGET_BYTES, Method
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
-__all__ = ["Posterior", "as_key", "derived_key", "PREDICT_MODES"]
+__all__ = ["Posterior", "PREDICT_MODES"]
 
 PREDICT_MODES = ("mc", "linearized", "probit", "bridge")
 _CHUNK = 64  # draws per vectorised chunk when mapping a function over many draws
-
-
-def as_key(seed) -> jax.Array:
-    """A raw uint32 PRNG key from an int seed or a JAX key (typed or raw). Never global state."""
-    if isinstance(seed, (bool, np.bool_)):
-        raise OptionError(f"seed must be an int or a JAX PRNG key, got {seed!r}")
-    if isinstance(seed, (int, np.integer)):
-        if not 0 <= int(seed) < 2**32:
-            # JAX in its default 32-bit mode keeps only the low 32 bits: larger seeds would collide.
-            raise OptionError(
-                f"seed must be an integer in [0, 2**32), got {seed!r}; for more streams pass a JAX key "
-                "(jax.random.key(n)) or derive seeds with jax.random.fold_in"
-            )
-        return jax.random.PRNGKey(int(seed))
-    if isinstance(seed, jax.Array):
-        if jnp.issubdtype(seed.dtype, jax.dtypes.prng_key):
-            return jax.random.key_data(seed)
-        if seed.shape == (2,) and seed.dtype == jnp.uint32:
-            return seed
-    raise OptionError(f"seed must be an int or a JAX PRNG key, got {type(seed).__name__}")
-
-
-def derived_key(seed, purpose: int) -> jax.Array:
-    """The key of one further random stream of ``seed`` (the test metrics after a fit, a figure):
-    ``fold_in(key, purpose)``. Never ``seed + purpose``: that leaves [0, 2**32) for the largest seeds
-    and reuses the next seed's own stream."""
-    return jax.random.fold_in(as_key(seed), purpose)
-
-
-def seed_record(seed):
-    return int(seed) if isinstance(seed, (int, np.integer)) else [int(v) for v in np.asarray(as_key(seed))]
 
 
 # Module-level jitted maps over draws: the Problem is a pytree argument, so they compile once per
@@ -87,8 +65,6 @@ def _outputs_many(problem, flat, X):
 def _output_moments(problem, family, X, sites=None):
     """Mean f(μ) (B, C) and covariance J Σ Jᵀ (B, C, C) of the network linearised at the mean of a
     Gaussian ``family``; the Jacobians are taken over its free coordinates only (held by ``sites``)."""
-    from ppl.inference import _curvature as curvature
-
     u = family.loc
     base = problem.constrain(u)
     f = curvature._network(problem, u, base, X)
@@ -99,8 +75,6 @@ def _output_moments(problem, family, X, sites=None):
 def _linearized_outputs(problem, family, X):
     """``_output_moments`` over X in blocks of rows (:func:`_row_blocks`) sized so that each block's
     Jacobians stay within the curvature service's chunk budget."""
-    from ppl.inference import _curvature as curvature
-
     index = family.active_index
     free = problem.num_params if index is None else int(index.shape[0])
     outputs = problem.model.output_dim()
@@ -159,11 +133,6 @@ def _bridge_log_probs(likelihood: str, mean, cov) -> np.ndarray:
     return log_alpha - np.logaddexp.reduce(log_alpha, axis=-1, keepdims=True)
 
 
-def _check_num_samples(n) -> None:
-    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise OptionError(f"the number of samples must be a positive integer, got {n!r}")
-
-
 PREDICT_CHUNK_BYTES = 256 * 2**20  # device memory one chunk of inputs may take for its outputs
 # One block of per-draw numbers in the paths that reduce as they go (predict(keep_draws=False),
 # PSIS-LOO, function-space R-hat): their working copies are a small multiple of it, so peak memory
@@ -172,9 +141,6 @@ BLOCK_BYTES = 32 * 2**20
 
 
 def _check_prediction_size(num_draws: int, num_inputs: int, outputs: int) -> None:
-    from ppl.inference._base import MEMORY_BUDGET_BYTES
-    from ppl._errors import MemoryBudgetError
-
     size = num_draws * num_inputs * outputs * 8
     if size > MEMORY_BUDGET_BYTES:
         raise MemoryBudgetError(
@@ -360,38 +326,26 @@ class Posterior:
     # -- models with local latents (VAE) ----------------------------------------------------------
     def encode(self, X) -> tuple:
         """q(z | x) per row of X as (loc, scale), each (N, latent_dim). VAE posteriors only."""
-        from ppl import _vae
-
         return _vae.encode(self, X)
 
     def decode(self, z) -> np.ndarray:
         """E[x | z] for latents z (N, latent_dim). VAE posteriors only."""
-        from ppl import _vae
-
         return _vae.decode(self, z)
 
     def generate(self, n: int, *, seed) -> np.ndarray:
         """``n`` new data points from the fitted generative model. VAE posteriors only."""
-        from ppl import _vae
-
         return _vae.generate(self, n, seed)
 
     def reconstruct(self, X, *, seed) -> np.ndarray:
         """E[x | z], z ∼ q(z | x), per row of X. VAE posteriors only."""
-        from ppl import _vae
-
         return _vae.reconstruct(self, X, seed)
 
     def log_marginal(self, X, num_samples: int = 500, *, seed) -> np.ndarray:
         """Importance-sampled log p(x) per row of X (K = ``num_samples``). VAE posteriors only."""
-        from ppl import _vae
-
         return _vae.log_marginal(self, X, num_samples, seed)
 
     def local_model(self, X):
         """p(z | x) of the rows of X with the decoder fixed, as a program any method fits."""
-        from ppl import _vae
-
         return _vae.local_model(self, X)
 
     @property
@@ -400,8 +354,6 @@ class Posterior:
 
     def _attached(self, what: str) -> None:
         if self.problem is None:
-            from ppl._errors import RunError
-
             raise RunError(
                 f"{what} needs the model, and this run of the plain NumPyro program {self.program} was loaded "
                 f"without it (loading never imports code named in a run folder): "
@@ -431,7 +383,7 @@ class Posterior:
         return self.approximation is not None and self.approximation.has_density
 
     def _flat_sample(self, n: int, key) -> jax.Array:
-        _check_num_samples(n)
+        check_num_samples(n)
         self._attached("sampling")
         if self.has_density:
             return self.approximation.sample(key, int(n))
@@ -444,7 +396,7 @@ class Posterior:
         """``n`` draws (dict site -> (n, *shape), constrained): fresh from q for density methods,
         resampled from the stored draws for samplers. Deterministic sites come with them."""
         if self.problem is None and self._detached_sampler:
-            _check_num_samples(n)
+            check_num_samples(n)
             total = self.num_chains * self.num_draws
             index = np.asarray(jax.random.choice(as_key(seed), total, (int(n),), replace=int(n) > total))
             return {k: v.reshape(total, *v.shape[2:])[index] for k, v in self.draws.items()}
@@ -490,8 +442,6 @@ class Posterior:
                 "this model has local latents (a VAE): its guide includes the encoder, which the Posterior does "
                 "not expose as a NumPyro guide; use post.local_model(X) for the local posterior of chosen rows"
             )
-        from ppl._guide import numpyro_guide
-
         return numpyro_guide(self.problem, self.approximation)
 
     # -- cached per-draw quantities used by diagnostics --------------------------------------------
@@ -532,8 +482,6 @@ class Posterior:
         """Observed site values on the training data (dict name -> array), for the ArviZ export."""
         if self.problem.is_declarative:
             return {"y": np.asarray(self.problem.data[1])}
-        from ppl._problem import structure_trace
-
         args, kwargs = self.problem._call(self.problem.data)
         tr = structure_trace(self.problem.model, args, kwargs)
         return {name: np.asarray(tr[name]["value"]) for name in self.problem.spec.observed}
@@ -727,18 +675,12 @@ class Posterior:
     def remedy(self, topic: str) -> str:
         """What to try when a diagnostic check of ``topic`` fails (``"fit"``, ``"mixing"``,
         ``"steps"``), in the options of the method that ran (``Method.remedy``)."""
-        from ppl.inference._base import Method
-        from ppl.inference.registry import METHODS, get
-
-        return (get(self.method) if self.method in METHODS else Method).remedy(self, topic)
+        return (registry.get(self.method) if self.method in registry.METHODS else Method).remedy(self, topic)
 
     @property
     def loss_label(self) -> str:
         """What the loss in ``trace`` is, in the words of the method that ran (``Method.loss_label``)."""
-        from ppl.inference._base import Method
-        from ppl.inference.registry import METHODS, get
-
-        return (get(self.method) if self.method in METHODS else Method).loss_label
+        return (registry.get(self.method) if self.method in registry.METHODS else Method).loss_label
 
     def hold_out(self, X, y):
         """Judge this run also on rows ``(X, y)`` it was not fitted on; returns the posterior.
@@ -755,8 +697,6 @@ class Posterior:
                 "hold_out needs a supervised declarative model from ppl.models (it predicts y from X); for a plain "
                 "NumPyro program, score held-out data with numpyro.infer.Predictive"
             )
-        from ppl._data import validate_supervised
-
         X, y = validate_supervised(self.problem.model, (X, y), where="held-out data")
         if y is None or len(X) == 0:
             raise TypeError("hold_out needs at least one held-out row with its target: pass (X, y)")
@@ -801,14 +741,10 @@ class Posterior:
         ``UserWarning`` that says so.
         """
         self._attached("save")
-        from ppl._io import not_importable, save_posterior
-
         save_posterior(self, path)
         if self.problem.spec.kind == "program":
             reason = not_importable(self.problem.model)
             if reason is not None:
-                import warnings
-
                 name = getattr(self.problem.model, "__name__", "fn")
                 warnings.warn(
                     f"saved {path}, but its program {name!r} cannot be re-imported by name: {reason}. Loading the run "

@@ -31,6 +31,8 @@ from numpyro.distributions.util import sum_rightmost
 
 from ppl._data import validate_program_data, validate_supervised, validate_unsupervised
 from ppl._errors import DataError, MemoryBudgetError, OptionError
+from ppl.inference._base import MEMORY_BUDGET_BYTES
+from ppl.models._base import ACTIVATIONS, SupervisedModel
 
 __all__ = ["Problem", "ProblemSpec", "Site", "DeterministicSite", "compile_problem", "TEMPERINGS", "trace_count"]
 
@@ -348,8 +350,6 @@ class Problem:
         gradient's variance. Sites that are not dense-layer weights (a noise scale) take their values
         from the draw ``u``.
         """
-        from ppl.models._base import ACTIVATIONS
-
         self._require_declarative("local_reparam_log_likelihood")
         _TRACES["logdensity"] += 1
         X, y = self.data if batch is None else batch
@@ -534,8 +534,6 @@ def _count_values(name: str, shape: tuple, count: int, itemsize: int, allocated:
     """Add a site's ``count`` values to ``allocated[0]``; refuse when one draw of every site so far
     would pass the memory budget. Python ints throughout: a site of 2**32 values or more is counted
     exactly, where a 32-bit count would wrap round and report a wrong size."""
-    from ppl.inference._base import MEMORY_BUDGET_BYTES
-
     allocated[0] += count
     size = allocated[0] * itemsize
     if size > MEMORY_BUDGET_BYTES:
@@ -596,8 +594,6 @@ def compile_problem(
     function space of the diagnostics (``rhat_function_max``), as a declarative network's outputs
     on its probe inputs do.
     """
-    from ppl.models import SupervisedModel
-
     function_sites = _function_site_names(function_sites)
     if tempering not in TEMPERINGS:
         raise OptionError(f"tempering={tempering!r} is not one of {TEMPERINGS}")

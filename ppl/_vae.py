@@ -12,9 +12,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+import numpyro
+from scipy.special import logsumexp
 
 from ppl._data import validate_inputs
 from ppl._errors import DataError, OptionError
+from ppl._keys import as_key, check_num_samples
+from ppl.inference.objectives import local_log_weights
 
 __all__ = ["encode", "decode", "generate", "reconstruct", "log_marginal", "local_model", "global_params"]
 
@@ -78,10 +82,8 @@ def decode(post, z) -> np.ndarray:
 
 def generate(post, n: int, seed) -> np.ndarray:
     """``n`` new data points x ∼ p(x | z), z ∼ N(0, I) (shape (n, D))."""
-    from ppl._posterior import _check_num_samples, as_key
-
     _require(post, "generate")
-    _check_num_samples(n)
+    check_num_samples(n)
     z_key, x_key = jax.random.split(as_key(seed))
     z = jax.random.normal(z_key, (int(n), post.problem.model.latent_dim))
     return np.asarray(_sample_x(post.problem, _u(post), z, x_key))
@@ -95,8 +97,6 @@ def _sample_x(problem, u, z, key):
 
 def reconstruct(post, X, seed) -> np.ndarray:
     """E[x | z] at one draw z ∼ q(z | x) per row of X (shape (N, D))."""
-    from ppl._posterior import as_key
-
     guide, local_params = _require(post, "reconstruct")
     X = _data(post, X, "reconstruct")
     loc, scale = _encode(guide, local_params, X)
@@ -106,8 +106,6 @@ def reconstruct(post, X, seed) -> np.ndarray:
 
 @partial(jax.jit, static_argnames=("guide", "num"))
 def _importance(guide, params, problem, u, X, key, num: int):
-    from ppl.inference.objectives import local_log_weights
-
     log_w, log_joint, log_q = local_log_weights(guide, params, problem, key, X, num, u=u)
     return log_w, log_joint, log_q
 
@@ -115,10 +113,8 @@ def _importance(guide, params, problem, u, X, key, num: int):
 def importance_weights(post, X, num_samples: int, seed) -> tuple:
     """Per-datum log p(x_i, z_k) − log q(z_k | x_i), log p(x_i, z_k), log q(z_k | x_i) for
     ``num_samples`` draws z_k ∼ q(z | x_i), each (num_samples, N), in chunks of rows."""
-    from ppl._posterior import _check_num_samples, as_key
-
     guide, local_params = _require(post, "importance_weights")
-    _check_num_samples(num_samples)
+    check_num_samples(num_samples)
     X = _data(post, X, "log_marginal")
     params = {"global": None, "local": local_params}
     key = as_key(seed)
@@ -133,8 +129,6 @@ def importance_weights(post, X, num_samples: int, seed) -> tuple:
 def log_marginal(post, X, num_samples: int = 500, seed=0) -> np.ndarray:
     """Importance-sampled log p(x_i) per row of X with the encoder as proposal:
     log (1/K) Σ_k p(x_i, z_k) / q(z_k | x_i) (a lower bound in expectation, tight as K grows)."""
-    from scipy.special import logsumexp
-
     log_w, _, _ = importance_weights(post, X, num_samples, seed)
     return logsumexp(log_w, axis=0) - np.log(log_w.shape[0])
 
@@ -145,8 +139,6 @@ def local_model(post, X):
     Its latent ``z`` (N, L) is global there, so any backend fits it:
     ``ppl.fit(post.local_model(X[:20]), method="nuts", seed=0)``.
     """
-    import numpyro
-
     _require(post, "local_model")
     X = _data(post, X, "local_model")
     model = post.problem.model

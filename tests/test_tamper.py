@@ -462,7 +462,7 @@ def _inconsistency(run: Run, post, touched: set) -> str | None:
         fresh = compute_diagnostics(post)
         flat, family = np.asarray(post.flat_draws), post.approximation
     else:
-        from ppl._io import saved_diagnostics
+        from ppl._load import saved_diagnostics
         from ppl._verdict import rederive
 
         try:

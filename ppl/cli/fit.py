@@ -11,7 +11,7 @@ import numpy as np
 import ppl
 from ppl import _interrupt, _io, _progress
 from ppl._errors import MemoryBudgetError, NonFiniteError, ResumeError, RunError
-from ppl._posterior import derived_key
+from ppl._keys import derived_key
 from ppl.cli._arguments import MODELS, TASKS, UsageError
 from ppl.cli._common import (
     INVOCATION, VAE_FIGURE, _build_model, _check_writable_parent, _held_out, _kfold_lines, _load_data,

@@ -9,7 +9,8 @@ import ppl
 from ppl import _io
 from ppl._calibrate import CALIBRATION_FILE, calibration_from_record
 from ppl._errors import RunError
-from ppl._io import read_run_files, saved_diagnostics
+from ppl._io import read_run_files
+from ppl._load import saved_diagnostics
 from ppl.cli._common import (
     VAE_FIGURE, _held_out, _kfold_lines, _loo_up_front, _metrics_lines, _print_lines, _run_folder, _safe,
     _skipped_lines, _what_ran,

@@ -65,12 +65,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from numpyro import handlers
+from scipy.stats import binom, chi2
 
 from ppl import _progress
 from ppl._data import validate_program_data
 from ppl._errors import OptionError
 from ppl._fit import fit, method_options as options_of
-from ppl._posterior import as_key
+from ppl._keys import as_key
 from ppl.diagnostics import convergence
 
 __all__ = ["sbc", "SBCResult", "default_num_bins", "symmetry_test", "chi_squared", "ranks_of"]
@@ -181,7 +182,6 @@ class SBCResult:
         """
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
-        from scipy.stats import binom
 
         names = list(self.param_names) if params is None else list(params)
         unknown = [name for name in names if name not in self.param_names]
@@ -280,8 +280,6 @@ def bin_counts(ranks: np.ndarray, num_ranks: int, num_bins: int) -> np.ndarray:
 
 def chi_squared(ranks: np.ndarray, num_ranks: int, num_bins: int) -> tuple[np.ndarray, np.ndarray]:
     """Pearson χ² statistics and p-values (B − 1 degrees of freedom) of binned (N, P) ranks."""
-    from scipy.stats import chi2
-
     counts = bin_counts(ranks, num_ranks, num_bins)
     expected = np.asarray(ranks).shape[0] / num_bins
     statistic = np.sum(np.square(counts - expected), axis=1) / expected
