@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from ppl.diagnostics import _arviz
+from ppl.diagnostics.metrics import selective_prediction
 from ppl.diagnostics.plots import _figure, _first_coordinates, _loss_figure, _traced
 
 __all__ = ["write_report", "RELIABILITY_BINS"]
@@ -133,8 +134,6 @@ def _reliability(comparison, methods, path: Path):
 
 
 def _selective(comparison, methods, path: Path):
-    from ppl.diagnostics.metrics import selective_prediction
-
     y = np.asarray(comparison.test[1]).astype(int)
     figure = _figure(9.0, 3.6)
     for k, score in enumerate(("entropy", "epistemic")):

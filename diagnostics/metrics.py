@@ -4,6 +4,7 @@ uncertainty quality: OOD-detection AUROC, selective prediction, agreement, total
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -330,8 +331,6 @@ _W1_CHUNK = 1 << 22
 
 def _rows(prediction: Prediction, rows: slice) -> Prediction:
     """The regression fields :func:`_predictive_samples` reads, for the inputs ``rows`` only."""
-    import dataclasses
-
     def cut(values, axis):
         return None if values is None else np.asarray(values)[(slice(None),) * axis + (rows,)]
 

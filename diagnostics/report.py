@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import logsumexp
 
 from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics import _arviz
+from ppl.diagnostics._arviz import psis
 from ppl.diagnostics.convergence import max_rhat, min_ess
+from ppl.diagnostics.dispersion import THRESHOLD, dispersion_min
+from ppl.diagnostics.heldout import LEVEL, coverage_band, heldout_scores
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
-from scipy.special import logsumexp
 
 __all__ = ["compute_diagnostics", "to_inference_data", "convergence_shortfall"]
 
@@ -400,8 +403,6 @@ def _moment_check(posterior, found: _Findings, log_ratios) -> None:
     fine can still be shifted or too narrow (a Laplace approximation of a skewed noise scale); the
     moments say so. Each coordinate's bound is widened by ``MOMENT_SES`` standard errors of the
     importance-sampling estimate (√Σw² in sds), so that hundreds of coordinates do not fail by chance."""
-    from ppl.diagnostics._arviz import psis
-
     smoothed, _ = psis(log_ratios)
     weights = np.exp(smoothed - np.logaddexp.reduce(smoothed))
     values = _constrained_columns(posterior)
@@ -451,8 +452,6 @@ def _constrained_columns(posterior) -> np.ndarray | None:
 def _dispersion_check(posterior, found: _Findings, degenerate: bool) -> None:
     """q's spread against the curvature at its mean (:mod:`ppl.diagnostics.dispersion`): what
     k-hat cannot see when q is much narrower than the posterior."""
-    from ppl.diagnostics.dispersion import THRESHOLD, dispersion_min
-
     evidence = posterior.evidence
     if evidence is not None and evidence.closed_form:
         found.note("dispersion_min", "q is the closed-form posterior")
@@ -569,7 +568,6 @@ def _heldout_checks(posterior, found: _Findings, nonfinite: int) -> None:
     if nonfinite:
         found.note(_HELDOUT_FIELDS, "the draws are not finite, so nothing is predicted from them")
         return
-    from ppl.diagnostics.heldout import LEVEL, coverage_band, heldout_scores
 
     record = found.record
     scores = heldout_scores(posterior, *heldout)

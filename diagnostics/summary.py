@@ -17,6 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ppl.diagnostics import _arviz
+from ppl.diagnostics.report import _export_layout
 
 __all__ = ["Summary", "summary"]
 
@@ -65,7 +66,6 @@ def summary(posterior, prob: float = 0.9, exclude_deterministic: bool = True) ->
     ``exclude_deterministic=False``), ``prob`` the mass of the central interval."""
     if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 < prob < 1:
         raise ValueError(f"summary: prob must be a number in (0, 1), got {prob!r}")
-    from ppl.diagnostics.report import _export_layout
 
     chains, note = _export_layout(posterior)
     mixing = posterior.kind == "chains"

@@ -22,8 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+import jax
 import numpy as np
 from scipy.special import logsumexp
+
+import ppl
+from ppl import _vae
+from ppl._keys import as_key
+from ppl.diagnostics import _arviz
 
 __all__ = ["vae_report", "VAEReport"]
 
@@ -64,12 +70,6 @@ class VAEReport:
 
 def vae_report(post, X, *, seed, num_samples: int = 500, gap_points: int = 20) -> VAEReport:
     """Quality of a fitted VAE on data ``X`` (see the module docstring)."""
-    from ppl import _vae
-    from ppl._keys import as_key
-    from ppl.diagnostics import _arviz
-
-    import jax
-
     if isinstance(gap_points, bool) or not isinstance(gap_points, (int, np.integer)) or gap_points < 0:
         raise ValueError(f"gap_points must be a non-negative integer, got {gap_points!r}")
     if num_samples < IWAE_K:
@@ -88,8 +88,6 @@ def vae_report(post, X, *, seed, num_samples: int = 500, gap_points: int = 20) -
     gap = mean_error = sd_ratio = None
     rows = min(int(gap_points), X.shape[0])
     if rows:
-        import ppl
-
         chosen = np.sort(np.asarray(jax.random.permutation(gap_key, X.shape[0]))[:rows])
         local = post.local_model(X[chosen])
         svi_key, nuts_key = jax.random.split(fit_key)

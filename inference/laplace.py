@@ -39,6 +39,7 @@ import optax
 from ppl._data import check_batch_size
 from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
+from ppl._problem import compile_problem
 from ppl._records import Evidence, TrainingTrace
 from ppl.inference import _curvature as curvature
 from ppl.inference import _empirical_bayes as empirical_bayes
@@ -53,7 +54,15 @@ from ppl.inference._base import (
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
 from ppl.inference.optimize import (
-    INITS, MAP, NegativeLogDensity, NegativeLogJoint, _full_gradient, gradient_evidence, loss_convergence,
+    INITS,
+    MAP,
+    NegativeLogDensity,
+    NegativeLogJoint,
+    OptimizerConfig,
+    _full_gradient,
+    gradient_evidence,
+    loss_convergence,
+    minimize,
 )
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
@@ -331,7 +340,6 @@ class Laplace(Method):
         if not problem.is_declarative:
             # Plain programs: the mode of the unconstrained density (with the Jacobian), where the
             # exact Hessian is taken.
-            from ppl.inference.optimize import OptimizerConfig, minimize
 
             start = problem.init_position(key, "median" if self.init == "prior" else self.init)
             result = minimize(
@@ -432,8 +440,6 @@ def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_stru
 
 
 def _recompiled(problem, model):
-    from ppl._problem import compile_problem
-
     X, y = problem.data
     return compile_problem(
         model, (np.asarray(X), np.asarray(y)), temperature=float(problem.temperature), tempering=problem.tempering

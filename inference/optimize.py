@@ -19,6 +19,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
+from scipy import stats
 
 from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
@@ -29,7 +30,7 @@ from ppl._records import RunStatus, TrainingTrace
 from ppl.inference import _devices
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference._gaussian import PointMass
+from ppl.inference._gaussian import PointMass, from_arrays
 from ppl.inference._loop import Loop, drive
 
 __all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "round_convergence", "NegativeLogJoint"]
@@ -327,8 +328,6 @@ def stationarity(objective, problem, params, key, loss_scale: float = 1.0) -> tu
     noise vanishes at the optimum (DReG when q equals the posterior) where a t-ratio of rounding
     errors means nothing.
     """
-    from scipy import stats
-
     draws = np.asarray(_gradient_draws(objective, problem, params, key))
     if not np.all(np.isfinite(draws)):
         return float("inf"), 0.0  # a gradient that overflowed: nothing settled
@@ -631,8 +630,6 @@ def _chunk_runner(objective, members):
 def _loadable(posterior) -> bool:
     """Whether a partial result holds what a saved run must: finite draws and an approximation that
     passes the checks ``ppl.load`` makes (positive finite scales, finite location)."""
-    from ppl.inference._gaussian import from_arrays
-
     if not np.all(np.isfinite(np.asarray(posterior.flat_draws))):
         return False
     family = posterior.approximation

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib
 
 from ppl._errors import OptionError, did_you_mean
+from ppl.inference._base import check_option_types
 
 __all__ = ["METHODS", "get", "create", "describe"]
 
@@ -49,7 +50,6 @@ def create(name: str, options: dict):
             f"{''.join(did_you_mean(k, valid) for k in unknown)}; valid options: "
             + ", ".join(f"{k}={v!r}" for k, v in valid.items())
         )
-    from ppl.inference._base import check_option_types
 
     method = cls(**options)
     # Also here, so a method whose __post_init__ forgets super() still gets its options checked.

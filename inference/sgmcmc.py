@@ -56,11 +56,13 @@ from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import ChainStats, RunStatus
+from ppl.inference import _curvature as curvature
 from ppl.inference import _devices
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference._loop import SamplerLoop, drive
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
+from ppl.inference._loop import SamplerLoop, drive
+from ppl.inference.ensemble import Ensemble
 from ppl.inference.optimize import INITS, minibatch_indices
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSGLD", "Whitening", "whitening", "curvature_scale"]
@@ -110,8 +112,6 @@ DENSE_LIMIT = 1000  # parameters up to which the whitening is dense
 @partial(jax.jit, static_argnames=("dense",))
 def _curvature_at(problem, u, key, dense: bool):
     """H at u: (P, P) when ``dense``, else its diagonal (see the module docstring)."""
-    from ppl.inference import _curvature as curvature
-
     if problem.is_declarative:
         prior_weight, lik_weight = problem.weights(None)
         rows = curvature.chunk_rows(problem.model.output_dim(), problem.num_params)
@@ -638,8 +638,6 @@ class _SGMCMC(_WhitenedChains):
         and resuming continues it), then the chains' phase (``"chains"``), whose checkpoints also
         hold the anchors. A mode the optimiser left short is still a valid anchor (the estimate
         stays unbiased); it only removes less of the noise."""
-        from ppl.inference.ensemble import Ensemble
-
         if not self.control_variate:
             return None, session
         if session.resumed_phase() == "chains":  # the checkpoint holds the anchors

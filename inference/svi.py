@@ -36,6 +36,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.special import logsumexp
 
 from ppl import _interrupt
 from ppl._checkpoint import Interrupted, ResumeState, Session
@@ -43,16 +44,17 @@ from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError
 from ppl._posterior import Posterior
 from ppl._records import Evidence
+from ppl._vae import importance_weights
+from ppl.inference import _curvature as curvature
 from ppl.inference._base import (
     Method,
     check_choice,
-    check_init_posterior,
     check_dense_matrix,
+    check_init_posterior,
     check_positive,
     check_positive_int,
     check_stored_draws,
 )
-from ppl.inference import _curvature as curvature
 from ppl.inference._gaussian import draw
 from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, make_guide
 from ppl.inference.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
@@ -62,9 +64,9 @@ from ppl.inference.optimize import (
     OptimizerConfig,
     _full_gradient,
     _moved,
-    gradient_evidence,
     budget_of,
     check_budget,
+    gradient_evidence,
     loss_convergence,
     minimize,
     round_convergence,
@@ -187,10 +189,6 @@ BOUND_PARTICLES = 100  # draws per datum behind the ELBO / IWAE estimates of a f
 def _local_bounds(posterior, key) -> Evidence:
     """ELBO and IWAE_100 of the training data (sums over data, β = 1, untempered), re-estimated
     after training with ``BOUND_PARTICLES`` fresh draws of each datum's latents."""
-    from scipy.special import logsumexp
-
-    from ppl._vae import importance_weights
-
     log_w, _, _ = importance_weights(posterior, posterior.problem.data_X, BOUND_PARTICLES, key)
     return Evidence(
         elbo=float(np.sum(np.mean(log_w, axis=0))),

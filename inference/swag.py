@@ -30,14 +30,15 @@ from typing import Any, ClassVar, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from scipy.optimize import minimize_scalar
 
 from ppl._checkpoint import Interrupted, Session
 from ppl._data import check_batch_size
 from ppl._errors import OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
-from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference import _empirical_bayes as empirical_bayes
+from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
@@ -375,8 +376,6 @@ def fit_scale(problem, q: Gaussian, key) -> tuple:
     estimated with ``SCALE_DRAWS`` fixed draws of z (so the estimate is smooth in c), searched
     on a grid of log c and refined by bounded Brent between the grid's neighbours. A non-finite
     log density at a draw counts as −inf: such scales are never chosen."""
-    from scipy.optimize import minimize_scalar
-
     loc = q.loc
     deviations = draw(q, key, SCALE_DRAWS) - loc[None]
     dim = int(loc.shape[-1])

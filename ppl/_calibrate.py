@@ -8,14 +8,23 @@ leave the posterior itself untouched: they wrap its ``predict``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from fractions import Fraction
 
+import jax
 import numpy as np
+from scipy.optimize import minimize_scalar
+from scipy.special import log_softmax, logsumexp
 
 from ppl._data import validate_inputs, validate_supervised
-from ppl._errors import DataError, OptionError
+from ppl._errors import DataError, OptionError, RunError
+from ppl._io import save_posterior
+from ppl._keys import as_key
+from ppl._load import load_with
+from ppl._posterior import _classification, _entropy
 from ppl._results import Prediction
+from ppl.diagnostics import classification_metrics
+from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = [
     "calibrate", "Calibration", "conformal", "Conformal", "scale_temperature", "conformal_rank", "load_calibration",
@@ -49,10 +58,6 @@ def scale_temperature(prediction: Prediction, temperature: float) -> Prediction:
     has no draws: its own log probabilities are scaled, log_softmax(log p / T), which is Guo et
     al.'s temperature scaling of that predictive; the aleatoric/epistemic split stays None.
     """
-    from scipy.special import log_softmax
-
-    from ppl._posterior import _classification, _entropy
-
     if prediction.task != "classification":
         raise OptionError("scale_temperature needs a classification Prediction; a regression one has no class probabilities")
     temperature = float(temperature)
@@ -77,8 +82,6 @@ def _members(prediction: Prediction) -> np.ndarray:
 
 def _scaled_nll(members: np.ndarray, labels: np.ndarray, log_temperature: float) -> float:
     """Mean −log (1/S) Σ_s softmax(log p_s / T)_y over the points, in log space."""
-    from scipy.special import log_softmax, logsumexp
-
     scaled = log_softmax(members * math.exp(-log_temperature), axis=-1)
     picked = scaled[:, np.arange(labels.shape[0]), labels]  # (S, N)
     return float(-np.mean(logsumexp(picked, axis=0) - math.log(members.shape[0])))
@@ -90,8 +93,6 @@ def _fit_temperature(members: np.ndarray, labels: np.ndarray) -> tuple[float, fl
     A grid over log T finds the best bracket; bounded Brent refines inside it. T = 1 is on the grid
     and the result is the best point evaluated, so its validation NLL is never above T = 1's.
     """
-    from scipy.optimize import minimize_scalar
-
     grid = np.linspace(-_LOG_T_BOUND, _LOG_T_BOUND, _NUM_GRID)
     values = np.array([_scaled_nll(members, labels, g) for g in grid])
     if not np.all(np.isfinite(values)):
@@ -118,8 +119,6 @@ def _fit_temperature(members: np.ndarray, labels: np.ndarray) -> tuple[float, fl
 
 
 def _supervised_task(posterior, what: str) -> str:
-    from ppl.models._base import REGRESSION_LIKELIHOODS
-
     problem = getattr(posterior, "problem", None)
     if problem is None or not hasattr(posterior, "predict"):
         raise TypeError(f"{what} takes a fitted ppl.Posterior (from ppl.fit or ppl.load), got {type(posterior).__name__}")
@@ -189,8 +188,6 @@ class Calibration:
         ``accuracy``, ``ece`` (15 equal-width bins) and ``brier`` (multi-class). Accuracy does not
         change: dividing logits by T > 0 keeps each draw's ranking (the mean over several draws
         can, rarely, reorder)."""
-        from ppl.diagnostics import classification_metrics
-
         _check_seed_given(seed, "Calibration.evaluate")
         X, y = _labelled(self.posterior, data, "test data")
         prediction = self.posterior.predict(X, seed=seed, num_samples=self.num_samples, mode=self.mode)
@@ -320,10 +317,6 @@ _CALIBRATION_TAG, _TEST_TAG = 0x43414C, 0x544553
 
 def _uniforms(seed, count: int, tag: int) -> np.ndarray:
     """``count`` uniforms on [0, 1) for APS's randomisation, from ``seed`` folded with ``tag``."""
-    import jax
-
-    from ppl._keys import as_key
-
     return np.asarray(jax.random.uniform(jax.random.fold_in(as_key(seed), tag), (count,)), dtype=np.float64)
 
 
@@ -525,8 +518,6 @@ _KINDS = {"temperature": Calibration, "conformal": Conformal}
 
 def calibration_record(calibration) -> dict:
     """The JSON record of a :class:`Calibration` or :class:`Conformal` (everything but the posterior)."""
-    from dataclasses import fields
-
     kind = next(name for name, cls in _KINDS.items() if isinstance(calibration, cls))
     record = {"kind": kind}
     record.update((f.name, getattr(calibration, f.name)) for f in fields(calibration) if f.name != "posterior")
@@ -536,8 +527,6 @@ def calibration_record(calibration) -> dict:
 
 
 def _save(calibration, path) -> None:
-    from ppl._io import save_posterior
-
     calibration.posterior._attached("save")
     save_posterior(calibration.posterior, path, extra_files={CALIBRATION_FILE: calibration_record(calibration)})
 
@@ -555,8 +544,6 @@ def calibration_from_record(posterior, record, where: str, task: str | None = No
     field checked (``where`` names the file in errors). ``task`` (``"classification"`` or
     ``"regression"``) stands in for the posterior's where there is none (``posterior=None``, as
     ``ppl show`` reads a run without loading it)."""
-    from ppl._errors import RunError
-
     def bad(name: str, wanted: str):
         shown = repr(record.get(name, "<missing>") if isinstance(record, dict) else record)
         return RunError(f"{where}: field {name!r} must be {wanted}, got {shown[:80]} — the file was edited or corrupted")
@@ -606,9 +593,6 @@ def load_calibration(path, *, model=None, trust: bool = False):
     """The :class:`Calibration` or :class:`Conformal` saved in run folder ``path`` (by its ``save``
     or ``ppl calibrate``), on the run's posterior; both are read from one snapshot of the folder and
     checked as ``ppl.load`` checks a run. ``model`` and ``trust`` as for ``ppl.load``."""
-    from ppl._errors import RunError
-    from ppl._load import load_with
-
     posterior, record = load_with(path, CALIBRATION_FILE, model=model, trust=trust)
     if record is None:
         raise RunError(

@@ -11,14 +11,14 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ppl.inference import registry
+from ppl.models import BNN, VAE, LinearRegression, LogisticRegression
+
 __all__ = ["methods_text", "rewrite"]
 
 
 def methods_text() -> str:
     """The listing, built from the model and method classes (loads JAX)."""
-    from ppl.inference import registry
-    from ppl.models import BNN, VAE, LinearRegression, LogisticRegression
-
     models = {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN, "vae": VAE}
     lines = ["models (--model NAME; options with --set KEY=VALUE):"]
     for name, cls in models.items():

@@ -18,7 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
+import ppl
+from ppl import _io
 from ppl._errors import DataError, OptionError, ResumeError, did_you_mean
+from ppl._fit import differences, fingerprint_of
+from ppl._problem import compile_problem
+from ppl.datasets import Dataset, Split
+from ppl.diagnostics import metrics as M
+from ppl.diagnostics._arviz import compare_elpd
+from ppl.diagnostics.compare_report import write_report
+from ppl.inference import registry
+from ppl.models import Network
 
 __all__ = ["compare", "Comparison", "ComparisonInterrupted"]
 
@@ -81,8 +91,6 @@ class Comparison:
 
     def write_report(self, folder) -> Path:
         """Write ``report.html`` with its PNG figures into ``folder``; returns the page's path."""
-        from ppl.diagnostics.compare_report import write_report
-
         return write_report(self, folder)
 
 
@@ -134,8 +142,6 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
     >>> result.row("exact")["wasserstein1"]
     0.0
     """
-    from ppl.datasets import Dataset, Split
-
     log = log or (lambda line: None)
     options = dict(options or {})
     if isinstance(model, dict):
@@ -157,8 +163,6 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         skipped = [f"{m} ({why})" for m, why in chosen["skipped"].items()]
         if skipped:
             result.notes.append("not run (they do not accept this model): " + "; ".join(skipped))
-    import ppl
-    from ppl.models import Network
 
     saved = _saved_fits(fits, model, train, chosen["run"], seed, options)
     for method in chosen["run"]:
@@ -186,8 +190,6 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             log(f"  {method} failed: {_said(error)}")
             continue
         if path is not None:
-            from ppl import _io
-
             _io.save_posterior(posterior, path)
         if posterior.status.interrupted:
             raise _interrupted(method, list(result.posteriors), fits)
@@ -203,8 +205,6 @@ def _saved_fits(fits, model, train, methods, seed, options) -> dict:
     of other settings is refused here, before anything is fitted."""
     if fits is None:
         return {}
-    from ppl import _io
-    from ppl._fit import differences, fingerprint_of
 
     folder = Path(fits)
     if folder.exists() and not folder.is_dir():
@@ -252,8 +252,6 @@ def _check_input_shapes(train, test, ood) -> None:
 
 
 def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparison:
-    from ppl.datasets import Split
-
     if not posteriors:
         raise OptionError("compare needs at least one posterior")
     first = next(iter(posteriors.values()))
@@ -272,9 +270,6 @@ def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparis
 def _chosen_methods(model, train, methods, reference, options) -> dict:
     """Which methods run, in order (the reference first, so the others can be measured against it),
     and, for the default list, which were left out because they refuse the model and why."""
-    from ppl._problem import compile_problem
-    from ppl.inference import registry
-
     if methods is not None:
         if isinstance(methods, str) or not all(isinstance(m, str) for m in methods):
             raise OptionError(f"methods must be a list of method names, got {methods!r}")
@@ -316,8 +311,6 @@ def _chosen_methods(model, train, methods, reference, options) -> dict:
 def _score(result: Comparison, test, ood, seed, dataset) -> None:
     """Fill the rows of the fitted posteriors (errors in one stage become that row's error);
     ``dataset``: the Dataset compared on (its target scaling and shifted test sets), or None."""
-    from ppl.diagnostics import metrics as M
-
     fitted = [r["method"] for r in result.rows]  # failed fits already have their row
     scale = 1.0 if dataset is None else float(dataset.target_std)  # W1 in the target's own units
     reference_pred = None
@@ -363,8 +356,6 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
         if p.diagnostics().elpd_loo_pointwise is not None
     }
     if len(pointwise) >= 2:
-        from ppl.diagnostics._arviz import compare_elpd
-
         result.elpd = compare_elpd(pointwise)
         for entry in result.elpd:
             row = result.row(entry["method"])
@@ -408,8 +399,6 @@ def _diagnostic_columns(row: dict, d) -> None:
 
 
 def _test_columns(row: dict, prediction, y, task: str, dataset) -> None:
-    from ppl.diagnostics import metrics as M
-
     if task == "classification":
         row.update(M.classification_metrics(prediction, y))
         if prediction.member_probs is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple
 
 import numpy as np
@@ -77,8 +78,6 @@ def validate_supervised(model, data, *, where: str = "data"):
 
 def _multi_output_capable(model) -> bool:
     """Whether ``model`` takes K ≥ 2 real targets per input (a ``num_outputs`` field, Gaussian likelihood)."""
-    import dataclasses
-
     return (
         dataclasses.is_dataclass(model)
         and "num_outputs" in {f.name for f in dataclasses.fields(model)}

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+
 __all__ = ["DataError", "OptionError", "NonFiniteError", "MemoryBudgetError", "RunError", "ResumeError"]
 
 
 def did_you_mean(given, choices) -> str:
     """``" (did you mean 'nuts'?)"`` when ``given`` is a near miss of one of ``choices`` (a misspelt
     name), else ``""``: appended to an error that lists the valid names."""
-    import difflib
-
     if not isinstance(given, str):
         return ""
     names = [str(c) for c in choices]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ppl._data import validate_supervised
+from ppl.diagnostics import classification_metrics, regression_metrics
 
 __all__ = ["evaluate"]
 
@@ -13,8 +14,6 @@ def evaluate(posterior, data, *, seed, num_samples: int | None = None, mode: str
     Classification: ``nll``, ``accuracy``, ``ece`` (15 equal-width bins), ``brier``.
     Regression: ``nll``, ``rmse``, ``coverage_90`` (central 90% predictive interval).
     """
-    from ppl.diagnostics import classification_metrics, regression_metrics
-
     problem = posterior.problem
     if not problem.is_declarative:
         raise TypeError("ppl.evaluate needs a declarative model from ppl.models (it predicts from (X, y))")

@@ -2,17 +2,26 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
+import warnings
 
+import jax
 import numpy as np
 
-from ppl import _interrupt, _progress
+from ppl import _interrupt, _io, _load, _progress
 from ppl._checkpoint import Interrupted, Session
+from ppl._data import validate_supervised
 from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._keys import as_key, seed_record
+from ppl._keys import as_key, derived_key, seed_record
+from ppl._posterior import Posterior
 from ppl._problem import compile_problem
+from ppl.diagnostics.report import convergence_shortfall
+from ppl.inference import _devices, registry
+from ppl.inference._base import check_stored_draws
+from ppl.models import SupervisedModel
 
 __all__ = ["fit", "fingerprint_of"]
 
@@ -81,10 +90,6 @@ def fit(
     >>> post.diagnostics().log_evidence < 0
     True
     """
-    from ppl import _io
-    from ppl.inference import _devices, registry
-    from ppl.inference._base import check_stored_draws
-
     if progress_bar is not None and not isinstance(progress_bar, bool):
         raise OptionError(f"progress_bar must be True, False or None (bars when stderr is a terminal), got {progress_bar!r}")
     key = as_key(seed)
@@ -172,8 +177,6 @@ def fit(
 
 def _convergence_shortfall(posterior) -> list:
     """What a sampler asks before extending its run (see ``ppl.inference._extend``)."""
-    from ppl.diagnostics.report import convergence_shortfall
-
     return convergence_shortfall(posterior)
 
 
@@ -188,8 +191,6 @@ def _warn_if_labels_fit_as_numbers(model, data) -> None:
     boolean) targets that are exactly 0, 1, …, K − 1. ``BNN()``'s default likelihood is Gaussian, so
     ``ppl.fit(BNN(), two_moons.train)`` would otherwise fit a regression to the labels in silence
     (the command line picks the likelihood from the data; Python takes the model as declared)."""
-    import warnings
-
     if getattr(model, "likelihood", None) != "gaussian" or not isinstance(data, (tuple, list)) or len(data) != 2:
         return
     y = np.asarray(data[1]) if data[1] is not None else None
@@ -208,10 +209,6 @@ def _warn_if_labels_fit_as_numbers(model, data) -> None:
 
 def _split_validation(model, data, fraction, seed) -> tuple:
     """(training rows, held-out rows): ``fraction`` of the rows of ``data`` held out at random."""
-    from ppl._data import validate_supervised
-    from ppl._keys import derived_key
-    from ppl.models import SupervisedModel
-
     if isinstance(fraction, bool) or not isinstance(fraction, (int, float, np.floating)) or not 0 < fraction <= 0.5:
         raise OptionError(f"validation must be a share of the training rows in (0, 0.5], e.g. 0.1; got {fraction!r}")
     if not isinstance(model, SupervisedModel):
@@ -229,7 +226,6 @@ def _split_validation(model, data, fraction, seed) -> tuple:
             f"validation={fraction} of {n} rows holds out {held} and fits {n - held}: it needs at least one held-out "
             "row and two to fit — give more data or a different share"
         )
-    import jax
 
     order = np.asarray(jax.random.permutation(derived_key(seed, VALIDATION_STREAM), n))
     keep, out = np.sort(order[held:]), np.sort(order[:held])
@@ -238,9 +234,6 @@ def _split_validation(model, data, fraction, seed) -> tuple:
 
 def _resume_state(resume, fingerprint: dict):
     """The ResumeState in ``resume`` after checking that it belongs to this run."""
-    from ppl import _io, _load
-    from ppl._posterior import Posterior
-
     if isinstance(resume, Interrupted):
         state, theirs = resume.resume_state, resume.fingerprint
     elif isinstance(resume, Posterior):
@@ -286,9 +279,6 @@ def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, 
 
     A saved run whose fingerprint equals this one is that fit: ``ppl.compare(..., fits=)`` reuses it.
     """
-    from ppl import _io
-    from ppl.inference import registry
-
     method_obj = registry.create(method, options)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
     return _io.unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
@@ -296,10 +286,6 @@ def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, 
 
 def method_options(method: str) -> tuple[str, ...]:
     """The option names that the registered ``method`` takes (an unknown name: the registry's error)."""
-    import dataclasses
-
-    from ppl.inference import registry
-
     return tuple(f.name for f in dataclasses.fields(registry.get(method)))
 
 

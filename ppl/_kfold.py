@@ -7,9 +7,13 @@ import math
 import time
 from dataclasses import dataclass, field
 
+import jax
 import numpy as np
 
+from ppl._data import validate_supervised
 from ppl._errors import OptionError
+from ppl._fit import fit
+from ppl._keys import as_key
 
 __all__ = ["kfold", "KFold"]
 
@@ -59,12 +63,6 @@ def kfold(model, data, method: str = "nuts", *, k: int = 10, seed, mode: str = "
     >>> cv.se > 0
     True
     """
-    import jax
-
-    from ppl._data import validate_supervised
-    from ppl._fit import fit
-    from ppl._keys import as_key
-
     if not hasattr(model, "to_config"):
         raise OptionError(
             "ppl.kfold needs a declarative model from ppl.models (it predicts held-out rows from (X, y)); for a "

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, fields
 from typing import NamedTuple
 
 import numpy as np
+from scipy.special import ndtr, ndtri
 
 __all__ = ["Prediction", "Diagnostics", "Check", "THRESHOLDS", "POSTERIOR_KINDS"]
 
@@ -87,8 +88,6 @@ class Prediction:
         """(lower, upper): the central ``level`` interval of each input's predictive (regression),
         the quantiles of the Monte Carlo mixture of N(f_s, σ_s²) found by bisection (of the
         Gaussian itself when the predictive is exactly Gaussian)."""
-        from scipy.special import ndtr, ndtri
-
         if self.task != "regression":
             raise ValueError("interval() is for regression predictions; classification has probs and entropy")
         if not 0.0 < level < 1.0:

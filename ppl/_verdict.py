@@ -27,6 +27,10 @@ import numpy as np
 
 from ppl._errors import RunError
 from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
+from ppl.diagnostics.dispersion import THRESHOLD
+from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO, _chain_checks, _Findings, ebfmi
+from ppl.inference._base import Method
+from ppl.inference.registry import METHODS, get
 
 __all__ = ["rederive", "measure_chains"]
 
@@ -49,8 +53,6 @@ _MIRRORED = ("rhat_max", "rhat_function_max", "divergences", "ebfmi_min", "khat"
 
 
 def _dispersion_threshold() -> float:
-    from ppl.diagnostics.dispersion import THRESHOLD
-
     return THRESHOLD
 
 
@@ -58,8 +60,6 @@ def _moment_bounds(field: str, value: float) -> tuple:
     """The thresholds a PSIS moment check can have: its base bound widened by at most MOMENT_SES
     standard errors of √Σw² ≤ 1 (the weights themselves need the model, so the saved threshold is
     held to that range and the value to the saved threshold)."""
-    from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO
-
     if field == "psis_mean_shift":
         return MOMENT_SHIFT, MOMENT_SHIFT + MOMENT_SES
     if value < 1:
@@ -95,10 +95,6 @@ def measure_chains(*, method: str, options: dict, info: dict, draws: dict, laten
     ``draws`` by site (constrained, as saved), ``latent`` the names of its latent sites,
     ``flat_draws`` (chain, draw, parameter). The same function as for a loaded run makes them, on a
     stand-in holding what it reads, so the two cannot drift apart."""
-    from ppl.diagnostics.report import _chain_checks, _Findings
-    from ppl.inference._base import Method
-    from ppl.inference.registry import METHODS, get
-
     flat = np.asarray(flat_draws)
     chains, count = int(flat.shape[0]), int(flat.shape[1])
     functions = None
@@ -140,7 +136,6 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
         "variance_inflation": None if stats is None else stats.variance_inflation,
         "temperature": None if stats is None else stats.temperature,
     }
-    from ppl.diagnostics.report import ebfmi
 
     energy = None if stats is None else stats.energy
     if energy is not None and np.shape(energy)[-1] >= 2:

@@ -17,6 +17,7 @@ and, for text class labels, the labels in class order (``classes``).
 from __future__ import annotations
 
 import csv
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -435,8 +436,6 @@ _UCI_HOW = (
 
 def _uci_folder(name: str, root) -> Path:
     """The set's folder under ``root`` or ``$PPL_DATA_DIR``, or an error saying how to supply it."""
-    import os
-
     if root is None:
         env = os.environ.get(DATA_DIR_VARIABLE)
         if not env:
