@@ -20,16 +20,29 @@ tens of times too small. On the UCI sets this gave held-out log-likelihoods of �
 
 ``laplace`` with an explicit ``"marglik"`` keeps tuning over its own coordinates and curvature
 (``subset``, ``hessian``); ``"auto"`` tunes over all weights, as the other methods do.
+
+The evidence maximisation (:func:`tune_evidence`) lives here, below every method that offers the
+option: it builds on the curvature service and on ``map``'s climb
+(:func:`ppl.inference.optimize.fit_mode`), never on a method's own module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from functools import partial
+from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 
+from ppl._checkpoint import Interrupted
 from ppl._errors import OptionError
+from ppl._problem import compile_problem
+from ppl.inference import _curvature as curvature
+from ppl.inference.optimize import OptimizerConfig, fit_mode, mode_stationarity
 
 __all__ = ["parse", "resolve", "check", "prepare", "applies"]
 
@@ -124,10 +137,6 @@ def init_target(problem, init):
     """The problem to continue on from a Posterior given as ``init=``: its own model on this data
     when that is the declared model with another prior or noise scale (a ``map`` fitted with a
     tuned prior), so that building on a tuned run keeps its tuning; else ``problem``."""
-    import dataclasses
-
-    from ppl.inference.laplace import _recompiled
-
     theirs, ours = getattr(init.problem, "model", None), problem.model
     if theirs is None or theirs == ours or type(theirs) is not type(ours) or not dataclasses.is_dataclass(ours):
         return problem
@@ -135,20 +144,18 @@ def init_target(problem, init):
     kept = {k: getattr(ours, k) for k in ("prior", "prior_scale", "noise_scale") if k in names}
     if dataclasses.replace(theirs, **kept) != ours:
         return problem
-    return _recompiled(problem, theirs)
+    return recompiled(problem, theirs)
 
 
 def prepare(name: str, value, key, problem, *, steps: int, init: str = "prior") -> tuple:
     """``(target, info)``: the problem the method runs on — ``problem`` itself, the model with a
     given Gaussian prior, or the model with its prior and σ tuned by the evidence — and a record
     of the tuning for the posterior's ``info``."""
-    from ppl.inference.laplace import _with_prior
-
     value = resolve(value, problem)
     if value is None:
         return problem, {}
     if not isinstance(value, str):
-        return _with_prior(problem, value), {}
+        return with_prior(problem, value), {}
     return tuned(name, key, problem, steps=steps, init=init)
 
 
@@ -156,15 +163,11 @@ def tuned(name: str, key, problem, *, steps: int, init: str = "prior") -> tuple:
     """The evidence tuning over all of a network's weights with K-FAC curvature, from a MAP of
     ``min(steps, TUNE_STEPS)`` L-BFGS iterations (as many in each round): a short start is enough,
     as each round's MAP moves with the hyperparameters. Returns ``(target, info)``."""
-    from ppl._checkpoint import Interrupted
-    from ppl.inference import _curvature as curvature
-    from ppl.inference.laplace import tune_evidence
-    from ppl.inference.optimize import MAP
-
     tune_key = jax.random.fold_in(key, TUNE_STREAM)
     map_key, evidence_key = jax.random.split(tune_key)
     steps = min(int(steps), TUNE_STEPS)
-    found = MAP(steps=steps, max_steps=steps, init=init, prior_precision=None).run(map_key, problem)
+    # the map method's climb with the model's own prior: L-BFGS on the full data, exactly `steps` iterations
+    found = fit_mode(map_key, problem, OptimizerConfig("lbfgs", steps, max_steps=steps), init=init)
     if found.status.interrupted:
         raise Interrupted(f"{name}: interrupted while tuning the prior and noise scale (prior_precision='marglik')", None)
     index = np.flatnonzero(curvature.network_mask(problem))
@@ -173,3 +176,216 @@ def tuned(name: str, key, problem, *, steps: int, init: str = "prior") -> tuple:
         prior_structure="layer", steps=steps, rounds=TUNE_ROUNDS,
     )
     return target, {key_: value for key_, value in info.items() if key_ != "map_gradient_norm"}
+
+
+# -- marginal likelihood over the prior precision (and σ) --------------------------------------------
+HYPER_STEPS = 200  # L-BFGS iterations on the hyperparameters in one marglik round
+MARGLIK_RTOL = 1e-4  # rounds stop once no hyperparameter moves by more than this (relative)
+
+
+def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_structure: str, steps: int,
+                  rounds: int) -> tuple:
+    """Type-II maximum likelihood (MacKay 1992; Immer et al. 2021): alternate the MAP under the
+    current hyperparameters (``steps`` L-BFGS iterations), the curvature at it over the coordinates
+    ``index`` in structure ``hessian``, and the maximisation of the Laplace evidence over one prior
+    precision per layer (one in all with ``prior_structure="scalar"``) and over a learned Gaussian
+    noise scale σ, for at most ``rounds`` rounds. Returns ``(target, u_target, status, info)``: the
+    model with the tuned prior (and σ fixed at its tuned value) compiled as a problem, the mode on
+    it, its stationarity and a record of the tuning."""
+    model = problem.model
+    layers = curvature.group_slices(problem)
+    slices = curvature.layer_slices(problem) if model.has_layers else None
+    groups = np.full(problem.num_params, -1)
+    for l, (start, size) in enumerate(layers):
+        groups[start : start + size] = l if prior_structure == "layer" else 0
+    num_groups = len(layers) if prior_structure == "layer" else 1
+    weights = groups >= 0
+    sigma_at = _sigma_index(problem)
+    prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
+    log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
+    log_sigma = float(u[sigma_at]) if sigma_at is not None else None
+    arrays = _MarglikArrays(
+        groups=jnp.asarray(np.where(weights, groups, 0)), weights=jnp.asarray(weights, u.dtype),
+        free=jnp.asarray(index),
+    )
+    evidences = []
+    for round_ in range(rounds):
+        alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
+        if sigma_at is not None:
+            u = u.at[sigma_at].set(log_sigma)
+        u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
+        old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+        with curvature.float64():
+            pieces = curvature.likelihood_pieces(
+                problem, u, index, hessian, rank, jax.random.fold_in(key, round_), slices
+            )
+            log_alpha, log_sigma, evidence = _maximise_evidence(
+                problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
+            )
+        evidences.append(evidence)
+        new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
+        if np.max(np.abs(new - old)) < MARGLIK_RTOL:
+            break
+    alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
+    if sigma_at is not None:
+        u = u.at[sigma_at].set(log_sigma)
+    u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
+    alphas = np.exp(log_alpha)
+    per_layer = tuple(float(alphas[l if num_groups > 1 else 0]) for l in range(len(layers)))
+    tuned = model.with_prior_scales(tuple(1.0 / math.sqrt(a) for a in per_layer))
+    if log_sigma is not None:
+        tuned = tuned.with_noise_scale(math.exp(log_sigma))
+    target = recompiled(problem, tuned)
+    flat = problem.unravel(u)
+    u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
+    status, _, stationary = mode_stationarity(target, u_target, key, None, "marglik's MAP")
+    info = {
+        "prior_precision": list(per_layer),
+        "marglik_rounds": len(evidences),
+        "marglik_evidence": np.asarray(evidences),
+        **stationary,
+    }
+    if log_sigma is not None:
+        info["noise_scale"] = math.exp(log_sigma)
+    return target, u_target, status, info
+
+
+def recompiled(problem, model):
+    X, y = problem.data
+    return compile_problem(
+        model, (np.asarray(X), np.asarray(y)), temperature=float(problem.temperature), tempering=problem.tempering
+    )
+
+
+def with_prior(problem, precision):
+    layers = problem.parameter_groups()
+    values = (precision,) * len(layers) if isinstance(precision, float) else precision
+    return recompiled(problem, problem.model.with_prior_scales(tuple(1.0 / math.sqrt(v) for v in values)))
+
+
+def _sigma_index(problem):
+    """The flat coordinate of a learned Gaussian noise scale (log σ), or None."""
+    if problem.likelihood != "gaussian" or problem.model.noise_scale is not None:
+        return None
+    start = 0
+    for site in problem.sites:
+        if site.name == "sigma":
+            return start
+        start += site.size
+    return None
+
+
+class _MarglikArrays(NamedTuple):
+    """Per-coordinate layer groups, the network-weight mask and the free coordinates (a pytree)."""
+
+    groups: jax.Array
+    weights: jax.Array
+    free: jax.Array
+
+
+@partial(jax.jit, static_argnames=("steps",))
+def _map_with_hypers(problem, u, weight_mask, alpha_coord, steps: int):
+    """The mode over the coordinates where ``weight_mask`` is 1, every other coordinate held at u,
+    under a Gaussian prior with per-coordinate precisions ``alpha_coord`` (an array, so new values
+    never recompile); L-BFGS from u until the gradient vanishes or ``steps`` iterations."""
+    prior_weight, lik_weight = problem.weights(None)
+
+    def loss(v):
+        full = jnp.where(weight_mask > 0, v, u)
+        log_lik = problem.log_terms(full).log_likelihood
+        return -(lik_weight * log_lik - 0.5 * prior_weight * jnp.sum(alpha_coord * jnp.square(full)))
+
+    return _lbfgs(loss, u, steps, 1e-10, mask=weight_mask)
+
+
+def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
+    """L-BFGS (optax, zoom line search) on ``loss`` from ``x`` inside one ``while_loop``, until the
+    gradient norm is at most ``tol`` or ``steps`` iterations. ``mask`` (0/1 per coordinate) holds
+    coordinates fixed; ``bound`` clips the iterate to [−bound, bound]."""
+    optimizer = optax.lbfgs()
+    value_and_grad = optax.value_and_grad_from_state(loss)
+    mask = jnp.ones_like(x) if mask is None else mask
+
+    def body(carry):
+        v, state, i, _ = carry
+        value, grad = value_and_grad(v, state=state)
+        grad = grad * mask
+        updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
+        v = v + updates * mask
+        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, jnp.linalg.norm(grad)
+
+    def cond(carry):
+        return (carry[2] < steps) & (carry[3] > tol)
+
+    init = (x, optimizer.init(x), jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype))
+    return jax.lax.while_loop(cond, body, init)[0]
+
+
+def _maximise_evidence(problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at) -> tuple:
+    """Maximise the Laplace evidence over log α (and log σ) at a fixed mode and curvature."""
+    learn_sigma = sigma_at is not None
+    sigma0 = jnp.exp(u[sigma_at]) if learn_sigma else jnp.ones((), u.dtype)
+    residual = _residual_sq(problem, u) if learn_sigma else jnp.zeros((), u.dtype)
+    fixed_lik = _log_likelihood(problem, u)
+    start = jnp.asarray(np.r_[log_alpha, [log_sigma] if learn_sigma else []], curvature.wide(u.dtype))
+    best, evidence = _evidence_optimum(
+        problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, hessian=hessian, learn_sigma=learn_sigma,
+        num_alpha=len(log_alpha),
+    )
+    best = np.asarray(best)
+    return best[: len(log_alpha)], (float(best[-1]) if learn_sigma else None), float(evidence)
+
+
+@jax.jit
+def _log_likelihood(problem, u):
+    return problem.log_terms(u).log_likelihood
+
+
+@jax.jit
+def _residual_sq(problem, u):
+    X, y = problem.data
+    f = problem.apply(problem.constrain(u), X)
+    return jnp.sum(jnp.square(y - f))
+
+
+@partial(jax.jit, static_argnames=("hessian", "learn_sigma", "num_alpha"))
+def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, *, hessian, learn_sigma, num_alpha):
+    prior_weight, lik_weight = problem.weights(None)
+    n = problem.num_data
+    theta = u[arrays.free]
+    groups = arrays.groups[arrays.free]
+
+    def log_evidence(h):
+        alpha = jnp.exp(h[:num_alpha])[groups]
+        if learn_sigma:
+            sigma = jnp.exp(h[-1])
+            scale = jnp.square(sigma0 / sigma)
+            log_lik = -0.5 * residual / sigma**2 - n * jnp.log(sigma) - 0.5 * n * math.log(2 * math.pi)
+        else:
+            scale, log_lik = 1.0, fixed_lik
+        d = prior_weight * alpha
+        if hessian == "full":
+            chol = jnp.linalg.cholesky(lik_weight * scale * pieces + jnp.diag(d))
+            log_det = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
+        elif hessian == "diag":
+            log_det = jnp.sum(jnp.log(lik_weight * scale * pieces + d))
+        elif hessian == "kfac":
+            log_det, offset = 0.0, 0
+            for A, G in pieces:
+                la = jnp.maximum(jnp.linalg.eigvalsh(A), 0.0)
+                lg = jnp.maximum(jnp.linalg.eigvalsh(G), 0.0)
+                size = la.shape[0] * lg.shape[0]
+                block_d = d[offset]
+                offset += size
+                log_det = log_det + jnp.sum(jnp.log(lik_weight * scale * la[:, None] * lg[None, :] + block_d))
+        else:
+            vectors, values = pieces
+            inner = (vectors / d[:, None]).T @ vectors * (lik_weight * scale)
+            root = jnp.sqrt(values)
+            small = jnp.eye(values.shape[0], dtype=u.dtype) + root[:, None] * inner * root[None, :]
+            log_det = jnp.sum(jnp.log(d)) + 2.0 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(small))))
+        log_prior = 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
+        return lik_weight * log_lik + prior_weight * log_prior - 0.5 * log_det + 0.5 * theta.shape[0] * math.log(2 * math.pi)
+
+    h = _lbfgs(lambda h: -log_evidence(h), start, HYPER_STEPS, 1e-9, bound=30.0)
+    return h, log_evidence(h)

@@ -27,8 +27,9 @@ import numpy as np
 from ppl._checkpoint import Session
 from ppl._posterior import Posterior
 from ppl.inference._base import check_positive_int
+from ppl.inference.map import MAP
 from ppl.inference.optimize import (
-    MAP, NegativeLogJoint, _full_gradient, _moved, gradient_evidence, minimize, round_convergence,
+    NegativeLogJoint, full_gradient, has_moved, gradient_evidence, minimize, round_convergence,
 )
 
 __all__ = ["Ensemble", "member_keys"]
@@ -73,13 +74,13 @@ class Ensemble(MAP):
         starts = jnp.stack([problem.init_position(k, self.init) for k in init_keys])
         config = self.config()
         objective = NegativeLogJoint()
-        start_norms = [float(_full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(self.num_members)]
+        start_norms = [float(full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(self.num_members)]
 
         def judge_members(params, losses, stopped):
             # A member that settled was frozen at that step: it is judged on its run up to there.
             return [round_convergence(
                 losses[m, : stopped[m] or losses.shape[-1]], self.steps, config.budget,
-                moved=_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
+                moved=has_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
                 **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
             ) for m in range(self.num_members)]
 

@@ -29,17 +29,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from ppl._data import check_batch_size
 from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
-from ppl._problem import compile_problem
 from ppl._records import Evidence, TrainingTrace
 from ppl.inference import _curvature as curvature
 from ppl.inference import _empirical_bayes as empirical_bayes
@@ -53,16 +51,9 @@ from ppl.inference._base import (
 )
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
+from ppl.inference.map import MAP
 from ppl.inference.optimize import (
-    INITS,
-    MAP,
-    NegativeLogDensity,
-    NegativeLogJoint,
-    OptimizerConfig,
-    _full_gradient,
-    gradient_evidence,
-    loss_convergence,
-    minimize,
+    INITS, NegativeLogDensity, NegativeLogJoint, OptimizerConfig, full_gradient, minimize, mode_stationarity,
 )
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
@@ -70,8 +61,6 @@ __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
 HESSIANS = ("auto", "full", "diag", "kfac", "lowrank")
 SUBSETS = ("auto", "all", "last_layer")
 PRIOR_STRUCTURES = ("layer", "scalar")
-HYPER_STEPS = 200  # L-BFGS iterations on the hyperparameters in one marglik round
-MARGLIK_RTOL = 1e-4  # rounds stop once no hyperparameter moves by more than this (relative)
 # hessian="auto" takes the exact (full) GGN up to this many free coordinates, K-FAC above: on the main
 # job's last layer (51 coordinates) K-FAC's k-hat was 0.54-0.78 over seeds 0-3 (two of four failed),
 # the full GGN's 0.33-0.66 (MoLA: 0.48-0.97 against 0.49-0.62). 2000² float64 numbers are 32 MB.
@@ -252,7 +241,7 @@ class Laplace(Method):
             if hessian == "kfac" and empirical_bayes.resolve(self.prior_precision, problem) is None:
                 # A Gaussian prior's precision does not depend on θ: check it before any work.
                 prior = np.asarray(curvature.prior_precision_diagonal(problem, problem.init_params))
-                for (start, rows, cols) in _free_layers(curvature.layer_slices(problem), self.free_index(problem)):
+                for (start, rows, cols) in curvature.free_layers(curvature.layer_slices(problem), self.free_index(problem)):
                     _one_precision(problem, prior[start : start + rows * cols], start)
         empirical_bayes.check(self.name, self.prior_precision, problem)
         self.check_memory(problem)
@@ -269,7 +258,7 @@ class Laplace(Method):
         outputs = problem.model.output_dim() if problem.is_declarative else 1
         layered = problem.is_declarative and problem.model.has_layers
         # K-FAC holds factors for the covered layers only (a subset's other layers stay at the MAP)
-        layers = _free_layers(curvature.layer_slices(problem), index) if layered and index is not None else None
+        layers = curvature.free_layers(curvature.layer_slices(problem), index) if layered and index is not None else None
         size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
         return size, hessian, free, outputs, layered, layers
 
@@ -300,7 +289,7 @@ class Laplace(Method):
         precision = empirical_bayes.resolve(self.prior_precision, problem)
         target, info = problem, {}
         if isinstance(precision, (float, tuple)):
-            target = _with_prior(problem, precision)
+            target = empirical_bayes.with_prior(problem, precision)
         elif precision == "marglik" and self.prior_precision == "auto":
             # the default: tuned over all weights (as every point method tunes), then approximated as asked
             target, info = empirical_bayes.tuned(self.name, key, problem, steps=self.steps, init=self._init_name())
@@ -336,7 +325,7 @@ class Laplace(Method):
         a fresh optimisation)."""
         if isinstance(self.init, Posterior):
             u = jnp.asarray(self.init.approximation.loc, problem.init_params.dtype)
-            return (u, *_stationarity(problem, u, key, None, "the given map posterior"))
+            return (u, *mode_stationarity(problem, u, key, None, "the given map posterior"))
         if not problem.is_declarative:
             # Plain programs: the mode of the unconstrained density (with the Jacobian), where the
             # exact Hessian is taken.
@@ -346,7 +335,7 @@ class Laplace(Method):
                 NegativeLogDensity(), OptimizerConfig("lbfgs", self.steps), problem, start, key,
                 learning_rate=self.learning_rate, label="laplace (mode)",
             )
-            status, _, info = _stationarity(problem, result.params, key, start, "L-BFGS", density=True)
+            status, _, info = mode_stationarity(problem, result.params, key, start, "L-BFGS", density=True)
             return result.params, status, TrainingTrace(losses=np.asarray(result.losses)), info
         finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init,
                      prior_precision=None)  # the prior was settled above: the target is the model to fit
@@ -354,7 +343,7 @@ class Laplace(Method):
         u = found.approximation.loc
         # An interrupted search (Ctrl-C) is recorded in the status: the diagnostics then fail the result.
         status = found.status
-        norm = float(_full_gradient(_JOINT, problem, u, key)[1])
+        norm = float(full_gradient(NegativeLogJoint(), problem, u, key)[1])
         if status.converged is False:
             status = status._replace(convergence=(
                 f"the MAP search did not settle ({status.convergence}; gradient norm {norm:.3g}), so the Laplace "
@@ -366,126 +355,10 @@ class Laplace(Method):
         """Alternate MAP, curvature and evidence maximisation over the prior precision (and σ),
         over this approximation's own coordinates and curvature structure."""
         _, hessian = self.structure(problem)
-        return tune_evidence(
+        return empirical_bayes.tune_evidence(
             key, problem, u, index=self.free_index(problem), hessian=hessian, rank=self.rank,
             prior_structure=self.prior_structure, steps=self.steps, rounds=self.marglik_rounds,
         )
-
-
-def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_structure: str, steps: int,
-                  rounds: int) -> tuple:
-    """Type-II maximum likelihood (MacKay 1992; Immer et al. 2021): alternate the MAP under the
-    current hyperparameters (``steps`` L-BFGS iterations), the curvature at it over the coordinates
-    ``index`` in structure ``hessian``, and the maximisation of the Laplace evidence over one prior
-    precision per layer (one in all with ``prior_structure="scalar"``) and over a learned Gaussian
-    noise scale σ, for at most ``rounds`` rounds. Returns ``(target, u_target, status, info)``: the
-    model with the tuned prior (and σ fixed at its tuned value) compiled as a problem, the mode on
-    it, its stationarity and a record of the tuning."""
-    model = problem.model
-    layers = curvature.group_slices(problem)
-    slices = curvature.layer_slices(problem) if model.has_layers else None
-    groups = np.full(problem.num_params, -1)
-    for l, (start, size) in enumerate(layers):
-        groups[start : start + size] = l if prior_structure == "layer" else 0
-    num_groups = len(layers) if prior_structure == "layer" else 1
-    weights = groups >= 0
-    sigma_at = _sigma_index(problem)
-    prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
-    log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
-    log_sigma = float(u[sigma_at]) if sigma_at is not None else None
-    arrays = _MarglikArrays(
-        groups=jnp.asarray(np.where(weights, groups, 0)), weights=jnp.asarray(weights, u.dtype),
-        free=jnp.asarray(index),
-    )
-    evidences = []
-    for round_ in range(rounds):
-        alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
-        if sigma_at is not None:
-            u = u.at[sigma_at].set(log_sigma)
-        u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
-        old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
-        with curvature.float64():
-            pieces = _curvature_pieces(
-                problem, u, index, hessian, rank, jax.random.fold_in(key, round_), slices
-            )
-            log_alpha, log_sigma, evidence = _maximise_evidence(
-                problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at
-            )
-        evidences.append(evidence)
-        new = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
-        if np.max(np.abs(new - old)) < MARGLIK_RTOL:
-            break
-    alpha_coord = jnp.exp(jnp.asarray(log_alpha))[arrays.groups] * arrays.weights
-    if sigma_at is not None:
-        u = u.at[sigma_at].set(log_sigma)
-    u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
-    alphas = np.exp(log_alpha)
-    per_layer = tuple(float(alphas[l if num_groups > 1 else 0]) for l in range(len(layers)))
-    tuned = model.with_prior_scales(tuple(1.0 / math.sqrt(a) for a in per_layer))
-    if log_sigma is not None:
-        tuned = tuned.with_noise_scale(math.exp(log_sigma))
-    target = _recompiled(problem, tuned)
-    flat = problem.unravel(u)
-    u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
-    status, _, stationary = _stationarity(target, u_target, key, None, "marglik's MAP")
-    info = {
-        "prior_precision": list(per_layer),
-        "marglik_rounds": len(evidences),
-        "marglik_evidence": np.asarray(evidences),
-        **stationary,
-    }
-    if log_sigma is not None:
-        info["noise_scale"] = math.exp(log_sigma)
-    return target, u_target, status, info
-
-
-def _recompiled(problem, model):
-    X, y = problem.data
-    return compile_problem(
-        model, (np.asarray(X), np.asarray(y)), temperature=float(problem.temperature), tempering=problem.tempering
-    )
-
-
-def _with_prior(problem, precision):
-    layers = problem.parameter_groups()
-    values = (precision,) * len(layers) if isinstance(precision, float) else precision
-    return _recompiled(problem, problem.model.with_prior_scales(tuple(1.0 / math.sqrt(v) for v in values)))
-
-
-def _sigma_index(problem):
-    """The flat coordinate of a learned Gaussian noise scale (log σ), or None."""
-    if problem.likelihood != "gaussian" or problem.model.noise_scale is not None:
-        return None
-    start = 0
-    for site in problem.sites:
-        if site.name == "sigma":
-            return start
-        start += site.size
-    return None
-
-
-_JOINT = NegativeLogJoint()
-
-
-def _stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
-    """(status, None, info): a mode judged by :func:`~ppl.inference.optimize.loss_convergence` on
-    its full-batch gradient alone (no loss curve: the trace slot is None), against the norm at a
-    reference start; ``info`` holds the norm.
-
-    As for ``map``, a gradient that stays large is a kink, not a failure, when no step along it
-    lowers the objective by a gain worth taking: a ReLU network's MAP sits at such kinks, and its
-    GGN there is the curvature the approximation uses."""
-    objective = NegativeLogDensity() if density else _JOINT
-    reference = problem.init_position(key, "prior") if start is None else start
-    start_norm = float(_full_gradient(objective, problem, reference, key)[1])
-    evidence = gradient_evidence(objective, problem, u, key, start_norm)
-    status, _ = loss_convergence(None, stochastic=False, **evidence)
-    if not status.converged:
-        status = status._replace(convergence=(
-            f"the mode from {how} is not stationary ({status.convergence}), so the Laplace approximation sits at a "
-            "non-stationary point"
-        ))
-    return status, None, {"map_gradient_norm": evidence["gradient"][1]}
 
 
 # -- the Gaussian at a mode -----------------------------------------------------------------------------
@@ -550,7 +423,7 @@ def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
             family, log_z, rcond, precision = _assemble_program(problem, u)
         else:
             layers = curvature.layer_slices(problem) if problem.model.has_layers else None
-            pieces = _curvature_pieces(problem, u, index, hessian, rank, key, layers)
+            pieces = curvature.likelihood_pieces(problem, u, index, hessian, rank, key, layers)
             family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
     family = _narrow(family, u.dtype)
     if not problem.is_declarative:
@@ -666,12 +539,6 @@ def _whole_layers(problem, index) -> bool:
     return covered == chosen
 
 
-def _free_layers(layers, index) -> list:
-    """The layers whose coordinates are free (K-FAC covers whole layers)."""
-    free = set(np.asarray(index).tolist())
-    return [layer for layer in layers if layer[0] in free]
-
-
 def _kronecker(A, G, weight, delta) -> Kronecker:
     """One layer's K-FAC Gaussian from its factors, the likelihood weight and the prior precision."""
     la, qa = jnp.linalg.eigh(0.5 * (A + A.T))
@@ -686,148 +553,3 @@ def _not_pd(rcond, precision, names):
     except NotPositiveDefiniteError as error:
         raise NotPositiveDefiniteError(str(error).replace("method 'exact'", "method 'laplace'")) from None
     raise NotPositiveDefiniteError("method 'laplace': the posterior precision is not positive definite")
-
-
-def _curvature_pieces(problem, u, index, hessian: str, rank: int, key, layers):
-    """The likelihood curvature (unweighted) in the structure's own form. ``layers``: the layers'
-    slices (None for a network without declared layer structure)."""
-    outputs = problem.model.output_dim()
-    rows = curvature.chunk_rows(outputs, len(index))
-    index_arr = jnp.asarray(index)
-    start, width, outputs_last = layers[-1] if layers is not None else (0, 0, 0)
-    if (layers is not None and hessian in ("full", "diag") and curvature.layer_locations(problem)[-1] == 1
-            and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last))):
-        # exactly the last layer, a dense one: its Jacobian is known in closed form (φ̃ ⊗ I)
-        return curvature.last_layer_ggn(problem, u, hessian, curvature.chunk_rows(outputs * outputs, width))
-    # the sites holding the free coordinates: derivatives skip every other layer
-    columns = np.zeros(problem.num_params, bool)
-    columns[np.asarray(index)] = True
-    sites = tuple(problem.sites_of(columns))
-    if hessian in ("full", "diag"):
-        return curvature.ggn(problem, u, index_arr, hessian, rows, sites)
-    if hessian == "kfac":
-        factors = curvature.kfac_factors(problem, u, curvature.chunk_rows(outputs, max(r * c for _, r, c in layers)))
-        starts = {start for start, _, _ in _free_layers(layers, index)}
-        # in the order of the layers' coordinates in u, as the blocks of the Gaussian lie (a network
-        # may declare its layers in call order while its sites sort otherwise: Flax's Dense_0 can
-        # be the output layer)
-        ordered = sorted(zip(factors, layers), key=lambda pair: pair[1][0])
-        return [f for f, (start, _, _) in ordered if start in starts]
-    return curvature.ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows, sites=sites)
-
-
-# -- marginal likelihood over the prior precision (and σ) --------------------------------------------
-class _MarglikArrays(NamedTuple):
-    """Per-coordinate layer groups, the network-weight mask and the free coordinates (a pytree)."""
-
-    groups: jax.Array
-    weights: jax.Array
-    free: jax.Array
-
-
-@partial(jax.jit, static_argnames=("steps",))
-def _map_with_hypers(problem, u, weight_mask, alpha_coord, steps: int):
-    """The mode over the coordinates where ``weight_mask`` is 1, every other coordinate held at u,
-    under a Gaussian prior with per-coordinate precisions ``alpha_coord`` (an array, so new values
-    never recompile); L-BFGS from u until the gradient vanishes or ``steps`` iterations."""
-    prior_weight, lik_weight = problem.weights(None)
-
-    def loss(v):
-        full = jnp.where(weight_mask > 0, v, u)
-        log_lik = problem.log_terms(full).log_likelihood
-        return -(lik_weight * log_lik - 0.5 * prior_weight * jnp.sum(alpha_coord * jnp.square(full)))
-
-    return _lbfgs(loss, u, steps, 1e-10, mask=weight_mask)
-
-
-def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
-    """L-BFGS (optax, zoom line search) on ``loss`` from ``x`` inside one ``while_loop``, until the
-    gradient norm is at most ``tol`` or ``steps`` iterations. ``mask`` (0/1 per coordinate) holds
-    coordinates fixed; ``bound`` clips the iterate to [−bound, bound]."""
-    optimizer = optax.lbfgs()
-    value_and_grad = optax.value_and_grad_from_state(loss)
-    mask = jnp.ones_like(x) if mask is None else mask
-
-    def body(carry):
-        v, state, i, _ = carry
-        value, grad = value_and_grad(v, state=state)
-        grad = grad * mask
-        updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
-        v = v + updates * mask
-        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, jnp.linalg.norm(grad)
-
-    def cond(carry):
-        return (carry[2] < steps) & (carry[3] > tol)
-
-    init = (x, optimizer.init(x), jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype))
-    return jax.lax.while_loop(cond, body, init)[0]
-
-
-def _maximise_evidence(problem, u, arrays, hessian, pieces, log_alpha, log_sigma, sigma_at) -> tuple:
-    """Maximise the Laplace evidence over log α (and log σ) at a fixed mode and curvature."""
-    learn_sigma = sigma_at is not None
-    sigma0 = jnp.exp(u[sigma_at]) if learn_sigma else jnp.ones((), u.dtype)
-    residual = _residual_sq(problem, u) if learn_sigma else jnp.zeros((), u.dtype)
-    fixed_lik = _log_likelihood(problem, u)
-    start = jnp.asarray(np.r_[log_alpha, [log_sigma] if learn_sigma else []], curvature.wide(u.dtype))
-    best, evidence = _evidence_optimum(
-        problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, hessian=hessian, learn_sigma=learn_sigma,
-        num_alpha=len(log_alpha),
-    )
-    best = np.asarray(best)
-    return best[: len(log_alpha)], (float(best[-1]) if learn_sigma else None), float(evidence)
-
-
-@jax.jit
-def _log_likelihood(problem, u):
-    return problem.log_terms(u).log_likelihood
-
-
-@jax.jit
-def _residual_sq(problem, u):
-    X, y = problem.data
-    f = problem.apply(problem.constrain(u), X)
-    return jnp.sum(jnp.square(y - f))
-
-
-@partial(jax.jit, static_argnames=("hessian", "learn_sigma", "num_alpha"))
-def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed_lik, *, hessian, learn_sigma, num_alpha):
-    prior_weight, lik_weight = problem.weights(None)
-    n = problem.num_data
-    theta = u[arrays.free]
-    groups = arrays.groups[arrays.free]
-
-    def log_evidence(h):
-        alpha = jnp.exp(h[:num_alpha])[groups]
-        if learn_sigma:
-            sigma = jnp.exp(h[-1])
-            scale = jnp.square(sigma0 / sigma)
-            log_lik = -0.5 * residual / sigma**2 - n * jnp.log(sigma) - 0.5 * n * math.log(2 * math.pi)
-        else:
-            scale, log_lik = 1.0, fixed_lik
-        d = prior_weight * alpha
-        if hessian == "full":
-            chol = jnp.linalg.cholesky(lik_weight * scale * pieces + jnp.diag(d))
-            log_det = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
-        elif hessian == "diag":
-            log_det = jnp.sum(jnp.log(lik_weight * scale * pieces + d))
-        elif hessian == "kfac":
-            log_det, offset = 0.0, 0
-            for A, G in pieces:
-                la = jnp.maximum(jnp.linalg.eigvalsh(A), 0.0)
-                lg = jnp.maximum(jnp.linalg.eigvalsh(G), 0.0)
-                size = la.shape[0] * lg.shape[0]
-                block_d = d[offset]
-                offset += size
-                log_det = log_det + jnp.sum(jnp.log(lik_weight * scale * la[:, None] * lg[None, :] + block_d))
-        else:
-            vectors, values = pieces
-            inner = (vectors / d[:, None]).T @ vectors * (lik_weight * scale)
-            root = jnp.sqrt(values)
-            small = jnp.eye(values.shape[0], dtype=u.dtype) + root[:, None] * inner * root[None, :]
-            log_det = jnp.sum(jnp.log(d)) + 2.0 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(small))))
-        log_prior = 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
-        return lik_weight * log_lik + prior_weight * log_prior - 0.5 * log_det + 0.5 * theta.shape[0] * math.log(2 * math.pi)
-
-    h = _lbfgs(lambda h: -log_evidence(h), start, HYPER_STEPS, 1e-9, bound=30.0)
-    return h, log_evidence(h)

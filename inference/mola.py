@@ -25,7 +25,8 @@ from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference.laplace import Laplace, _stationarity, centred_gaussian
+from ppl.inference.laplace import Laplace, centred_gaussian
+from ppl.inference.optimize import mode_stationarity
 
 __all__ = ["MoLA"]
 
@@ -93,7 +94,7 @@ class MoLA(Method):
         hessian = laplace.structure(target)[1]
         components, evidences, norms, failed, shifts = [], [], [], [], []
         for m in range(self.num_members):
-            status, _, judged = _stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
+            status, _, judged = mode_stationarity(target, modes[m], keys[m], None, f"member {m}'s L-BFGS")
             norms.append(judged["map_gradient_norm"])
             if not status.converged:
                 failed.append(f"member {m}: {status.convergence}")

@@ -1,4 +1,4 @@
-"""Gradient-based optimisation shared by ``map`` and ``svi`` (and later SWAG and ensembles), and ``map``.
+"""Gradient-based optimisation shared by ``map``, ``svi``, SWAG, ensembles and the prior tuning.
 
 :func:`minimize` runs an objective in chunks of steps. Each chunk is one jitted ``lax.scan``;
 between chunks the host checks for non-finite losses/parameters (stopping at the first bad chunk
@@ -23,17 +23,18 @@ from scipy import stats
 
 from ppl import _interrupt, _progress
 from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
-from ppl._data import check_batch_size
 from ppl._errors import NonFiniteError, OptionError, ResumeError
 from ppl._posterior import Posterior
 from ppl._records import RunStatus, TrainingTrace
 from ppl.inference import _devices
-from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
+from ppl.inference._base import check_positive_int
 from ppl.inference._gaussian import PointMass, from_arrays
 from ppl.inference._loop import Loop, drive
 
-__all__ = ["MAP", "OptimizerConfig", "Minimized", "minimize", "loss_convergence", "round_convergence", "NegativeLogJoint"]
+__all__ = [
+    "OptimizerConfig", "Minimized", "minimize", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
+    "NegativeLogJoint",
+]
 
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
@@ -154,7 +155,7 @@ def _init_state(config, params, learning_rate, members: bool = False, collector=
     return jax.tree_util.tree_map(lambda x: jax.lax.convert_element_type(x, x.dtype), state)
 
 
-def _select(flag, new, old):
+def select(flag, new, old):
     return jax.tree_util.tree_map(lambda a, b: jnp.where(flag, a, b), new, old)
 
 
@@ -194,8 +195,8 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
             active = active & ~frozen
         new_params = optax.apply_updates(params, updates)
         new_collected = collected if collector is None else collector.update(collected, new_params, step)
-        new_state, new_collected = _select(active, (new_state, new_collected), (opt_state, collected))
-        return (_select(active, new_params, params), (new_state, new_collected)), value
+        new_state, new_collected = select(active, (new_state, new_collected), (opt_state, collected))
+        return (select(active, new_params, params), (new_state, new_collected)), value
 
     # A loop of ``num_active`` trips (a traced count, so one program serves every chunk length);
     # the losses of the steps not taken stay NaN. A scan over ``capacity`` with a conditional step
@@ -254,7 +255,7 @@ def _run_members_chunk(objective, config, capacity, collector, problem, params, 
 
 
 @partial(jax.jit, static_argnames=("objective",))
-def _full_gradient(objective, problem, params, key):
+def full_gradient(objective, problem, params, key):
     value, grad = jax.value_and_grad(lambda p: objective(p, problem, key, None))(params)
     return value, optax.tree_utils.tree_norm(grad)
 
@@ -294,7 +295,7 @@ def _descends(objective, problem, params, key):
 def gradient_evidence(objective, problem, params, key, start_norm: float) -> dict:
     """The ``gradient`` (and, when its norm is not small, ``descends``) arguments of
     :func:`loss_convergence` for a deterministic full-batch objective at ``params``."""
-    final = float(_full_gradient(objective, problem, params, key)[1])
+    final = float(full_gradient(objective, problem, params, key)[1])
     judged = {"gradient": (start_norm, final)}
     # A non-finite gradient is a failure whatever the descent test says (its trials are NaN too).
     if math.isfinite(final) and final > GRADIENT_RTOL * max(start_norm, 1.0):
@@ -800,101 +801,62 @@ def check_budget(method: str, steps: int, max_steps: int | None) -> None:
         )
 
 
-def _moved(start, end) -> bool:
+def has_moved(start, end) -> bool:
     return any(bool(jnp.any(a != b)) for a, b in zip(jax.tree_util.tree_leaves(start), jax.tree_util.tree_leaves(end)))
 
 
-@dataclass(frozen=True)
-class MAP(Method):
-    """Maximum a posteriori point estimate (constrained-space mode of the tempered posterior).
+def mode_stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
+    """(status, None, info): a mode judged by :func:`loss_convergence` on
+    its full-batch gradient alone (no loss curve: the trace slot is None), against the norm at a
+    reference start; ``info`` holds the norm.
 
-    ``optimizer="auto"`` takes L-BFGS with a zoom line search for full-batch data (it converges to
-    machine precision on smooth problems; ``learning_rate`` is then unused) and Adam with a cosine
-    schedule for minibatches.
+    As for ``map``, a gradient that stays large is a kink, not a failure, when no step along it
+    lowers the objective by a gain worth taking: a ReLU network's MAP sits at such kinks, and its
+    GGN there is the curvature the approximation uses."""
+    objective = NegativeLogDensity() if density else NegativeLogJoint()
+    reference = problem.init_position(key, "prior") if start is None else start
+    start_norm = float(full_gradient(objective, problem, reference, key)[1])
+    evidence = gradient_evidence(objective, problem, u, key, start_norm)
+    status, _ = loss_convergence(None, stochastic=False, **evidence)
+    if not status.converged:
+        status = status._replace(convergence=(
+            f"the mode from {how} is not stationary ({status.convergence}), so the Laplace approximation sits at a "
+            "non-stationary point"
+        ))
+    return status, None, {"map_gradient_norm": evidence["gradient"][1]}
 
-    Training runs until its convergence test passes, within a budget: after ``steps`` steps the
-    run is judged, and one that has not settled goes on in further rounds of ``steps`` (Adam's
-    cosine schedule restarts each round) until it settles or ``max_steps`` are done (None:
-    ``MAX_ROUNDS`` × ``steps``; ``max_steps=steps`` gives exactly ``steps``).
 
-    ``prior_precision`` (:mod:`ppl.inference._empirical_bayes`): ``"auto"`` tunes the prior and
-    the noise scale of a regression network with a learned σ by the Laplace evidence before the
-    run (a MAP under the declared prior collapses σ to the training residual), and keeps the
-    model's prior otherwise; None, ``"marglik"``, a number or one per layer as for ``laplace``.
-    """
+def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.01, init: str = "prior",
+             session: Session | None = None, info: dict | None = None) -> Posterior:
+    """The ``map`` method's run on ``problem`` as given (its prior already chosen): from a start drawn
+    by ``init``, ``minimize`` the negative log joint under ``config`` until its convergence test
+    passes or the budget is spent; a point-mass Posterior whose ``info`` adds ``info``. The prior
+    tuning builds on it too, which is why it lives here and not in the method's module."""
+    init_key, run_key = jax.random.split(key)
+    start = problem.init_position(init_key, init)
+    objective = NegativeLogJoint()
+    # The MAP objective is deterministic on the full data even when training uses minibatches,
+    # so its full-batch gradient at the start and the end is a sound convergence test either way.
+    start_norm = float(full_gradient(objective, problem, start, run_key)[1])
 
-    name = "map"
-    kind = "point"
-    loss_label = "negative log joint"
-    model_options = ("prior_precision",)
-    description = "maximum a posteriori point estimate by optax (L-BFGS full batch, Adam minibatch)"
-
-    steps: int = 2000
-    learning_rate: float = 0.01
-    batch_size: int | None = None
-    optimizer: str = "auto"
-    init: str = "prior"
-    max_steps: int | None = None
-    prior_precision: Any = "auto"
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_positive_int(self.name, "steps", self.steps)
-        check_budget(self.name, self.steps, self.max_steps)
-        check_positive(self.name, "learning_rate", self.learning_rate)
-        check_choice(self.name, "optimizer", self.optimizer, OPTIMIZERS)
-        check_choice(self.name, "init", self.init, INITS)
-        if self.optimizer == "lbfgs" and self.batch_size is not None:
-            raise OptionError("map: optimizer='lbfgs' needs full-batch data; use 'adam' (or 'auto') with batch_size")
-        object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
-
-    def check(self, problem) -> None:
-        check_batch_size(self.batch_size, problem.num_data)
-        empirical_bayes.check(self.name, self.prior_precision, problem)
-
-    def target(self, key, problem) -> tuple:
-        """(the problem to run on, a record for ``info``): the model with the prior
-        ``prior_precision`` sets (tuned by the evidence under ``"auto"``/``"marglik"``)."""
-        return empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps, init=self.init)
-
-    def config(self) -> OptimizerConfig:
-        optimizer = self.optimizer
-        if optimizer == "auto":
-            optimizer = "adam" if self.batch_size is not None else "lbfgs"
-        return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size, max_steps=self.budget())
-
-    def budget(self) -> int:
-        return budget_of(self.steps, self.max_steps)
-
-    def run(self, key, problem, session: Session | None = None) -> Posterior:
-        self.check(problem)
-        problem, tuned = self.target(key, problem)
-        init_key, run_key = jax.random.split(key)
-        start = problem.init_position(init_key, self.init)
-        config = self.config()
-        objective = NegativeLogJoint()
-        # The MAP objective is deterministic on the full data even when training uses minibatches,
-        # so its full-batch gradient at the start and the end is a sound convergence test either way.
-        start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
-
-        def judged(params, losses):
-            """(status, trace) of the run so far: each round is judged by this alone, without a Posterior."""
-            return round_convergence(
-                losses, self.steps, config.budget, moved=_moved(start, params), stochastic=config.batch_size is not None,
-                **gradient_evidence(objective, problem, params, run_key, start_norm),
-            )
-
-        def build(params, losses):
-            status, trace = judged(params, losses)
-            return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=params[None, None], status=status,
-                trace=trace, info={"optimizer": config.optimizer, **tuned}, approximation=PointMass(params),
-            )
-
-        result = minimize(
-            objective, config, problem, start, run_key, learning_rate=self.learning_rate, label="map",
-            session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
+    def judged(params, losses):
+        """(status, trace) of the run so far: each round is judged by this alone, without a Posterior."""
+        return round_convergence(
+            losses, config.steps, config.budget, moved=has_moved(start, params), stochastic=config.batch_size is not None,
+            **gradient_evidence(objective, problem, params, run_key, start_norm),
         )
-        posterior = build(result.params, result.losses)
-        posterior.resume_state = result.resume_state
-        return posterior
+
+    def build(params, losses):
+        status, trace = judged(params, losses)
+        return Posterior(
+            method="map", kind="point", problem=problem, flat_draws=params[None, None], status=status,
+            trace=trace, info={"optimizer": config.optimizer, **(info or {})}, approximation=PointMass(params),
+        )
+
+    result = minimize(
+        objective, config, problem, start, run_key, learning_rate=learning_rate, label="map",
+        session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
+    )
+    posterior = build(result.params, result.losses)
+    posterior.resume_state = result.resume_state
+    return posterior

@@ -15,7 +15,7 @@ __all__ = ["METHODS", "get", "create", "describe"]
 
 METHODS = {
     "exact": "ppl.inference.exact:Exact",
-    "map": "ppl.inference.optimize:MAP",
+    "map": "ppl.inference.map:MAP",
     "nuts": "ppl.inference.mcmc:NUTS",
     "hmc": "ppl.inference.mcmc:HMC",
     "svi": "ppl.inference.svi:SVI",

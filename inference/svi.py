@@ -62,8 +62,8 @@ from ppl.inference.optimize import (
     INITS,
     NegativeLogDensity,
     OptimizerConfig,
-    _full_gradient,
-    _moved,
+    full_gradient,
+    has_moved,
     budget_of,
     check_budget,
     gradient_evidence,
@@ -161,7 +161,7 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
     if batch_size is None:
         # A density without a mode (a funnel's log τ → −∞) sends L-BFGS off to infinity: judge the
         # climb as map judges itself, and start where the climb began when it did not settle.
-        start_norm = float(_full_gradient(objective, problem, start, key)[1])
+        start_norm = float(full_gradient(objective, problem, start, key)[1])
         judged, _ = loss_convergence(
             result.losses, None, stochastic=False, **gradient_evidence(objective, problem, mode, key, start_norm)
         )
@@ -418,12 +418,12 @@ class SVI(Method):
         if delta:
             # A delta guide is a MAP: its objective is deterministic on the full data, so judge it
             # by its full-batch gradient as map does.
-            start_norm = float(_full_gradient(objective, problem, start, run_key)[1])
+            start_norm = float(full_gradient(objective, problem, start, run_key)[1])
 
         def judged(params, losses):
             """(status, trace) of the run so far: each round is judged by this alone, without drawing
             from the guide or building a Posterior."""
-            evidence = {"moved": _moved(start, params)}
+            evidence = {"moved": has_moved(start, params)}
             if delta:
                 evidence.update(gradient_evidence(objective, problem, params, run_key, start_norm))
             elif not problem.local_sites:

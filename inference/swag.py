@@ -42,7 +42,8 @@ from ppl.inference._base import Method, check_choice, check_init_posterior, chec
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
-from ppl.inference.optimize import INITS, MAP, OptimizerConfig, _select, minimize
+from ppl.inference.map import MAP
+from ppl.inference.optimize import INITS, OptimizerConfig, minimize, select
 
 SHARPNESS_ITERATIONS = 30  # power iterations behind the learning-rate cap
 
@@ -76,7 +77,7 @@ class SwagMoments:
         mean_sq = state.mean_sq + (jnp.square(params) - state.mean_sq) * weight
         deviations = state.deviations.at[(count - 1) % self.rank].set(params - mean)
         collected = SwagState(count, mean, mean_sq, deviations)
-        return _select((step + 1) % self.collect_every == 0, collected, state)
+        return select((step + 1) % self.collect_every == 0, collected, state)
 
 
 @dataclass(frozen=True)

@@ -167,22 +167,18 @@ def _imported_modules(node, modules: dict) -> list[str]:
     return found
 
 
-# The one import cycle left: marglik tuning runs a MAP (optimize) and the Laplace evidence (laplace),
-# both of which offer marglik. Listed so that no new cycle appears unnoticed.
-KNOWN_CYCLES = [{"ppl.inference._empirical_bayes", "ppl.inference.laplace", "ppl.inference.optimize"}]
 
 # Imports inside functions, and why: optional or slow dependencies loaded on first use (import ppl
 # and the command line's listings stay fast), a platform or JAX-version fallback, the Posterior's
-# diagnostics(), summary() and to_arviz(), which reach up into diagnostics/, and the cycle above.
+# diagnostics(), summary() and to_arviz(), which reach up into diagnostics/.
 LATE = ("arviz", "matplotlib", "xarray", "rich", "sklearn", "flax", "equinox", "fcntl")
 LATE_IN = {
     "ppl._cache": ("jax",), "ppl._interrupt": ("jax",), "ppl.inference._devices": ("jax.experimental.shard_map",),
     "ppl._posterior": ("ppl.diagnostics",),
-    "ppl.inference._empirical_bayes": ("dataclasses", "ppl._checkpoint", "ppl.inference"),
 }
 
 
-def test_the_import_graph_has_no_cycle_but_the_known_one():
+def test_the_import_graph_has_no_cycle():
     modules = _package_modules()
     edges = {name: set() for name in modules}
     for name, path in modules.items():
@@ -200,8 +196,7 @@ def test_the_import_graph_has_no_cycle_but_the_known_one():
 
     reachable = {name: reach(name) for name in modules}
     cycles = {frozenset(m for m in modules if m in reachable[name] and name in reachable[m]) for name in modules}
-    cycles = [set(c) for c in cycles if c]
-    assert all(any(c <= known for known in KNOWN_CYCLES) for c in cycles), cycles
+    assert not [sorted(c) for c in cycles if c]
 
 
 def test_imports_are_at_module_level_but_the_late_ones():
