@@ -26,7 +26,7 @@ import numpy as np
 
 from ppl.diagnostics import _arviz
 from ppl.diagnostics.metrics import selective_prediction
-from ppl.diagnostics.plots import _figure, _first_coordinates, _loss_figure, _traced
+from ppl.diagnostics.plots import new_figure, first_coordinates, loss_figure, traced
 
 __all__ = ["write_report", "RELIABILITY_BINS"]
 
@@ -73,7 +73,7 @@ def write_report(comparison, folder) -> Path:
 def _grid_of(count: int, width: float = 3.3, height: float = 3.0, columns: int = 4):
     cols = min(columns, count)
     rows = -(-count // cols)
-    figure = _figure(width * cols, height * rows + 0.4)
+    figure = new_figure(width * cols, height * rows + 0.4)
     return figure, rows, cols
 
 
@@ -135,7 +135,7 @@ def _reliability(comparison, methods, path: Path):
 
 def _selective(comparison, methods, path: Path):
     y = np.asarray(comparison.test[1]).astype(int)
-    figure = _figure(9.0, 3.6)
+    figure = new_figure(9.0, 3.6)
     for k, score in enumerate(("entropy", "epistemic")):
         axes = figure.add_subplot(1, 2, k + 1)
         for method, colour in zip(methods, _colours(len(methods))):
@@ -232,7 +232,7 @@ def _surfaces(comparison, methods, X, y, path: Path):
 
 
 def _shift(comparison, path: Path):
-    figure = _figure(9.0, 3.4)
+    figure = new_figure(9.0, 3.4)
     name = comparison.shift_name or "shift intensity"
     for k, metric in enumerate(("accuracy", "ece") if comparison.task == "classification" else ("rmse", "nll")):
         axes = figure.add_subplot(1, 2, k + 1)
@@ -254,7 +254,7 @@ def _khat(comparison, path: Path):
     rows = [r for r in comparison.rows if r["khat"] is not None and not math.isnan(r["khat"])]
     if not rows:
         return None
-    figure = _figure(max(4.0, 0.9 * len(rows) + 2.0), 3.2)
+    figure = new_figure(max(4.0, 0.9 * len(rows) + 2.0), 3.2)
     axes = figure.add_subplot()
     finite = [r["khat"] for r in rows if math.isfinite(r["khat"])]
     # an infinite k-hat (a handful of draws carry all the weight) is drawn at the top, hatched
@@ -284,14 +284,14 @@ def _run_figures(method: str, posterior, folder: Path) -> list:
     """(path, caption) of the convergence figures of one run, the first caption naming the method."""
     out = []
     if posterior.kind == "chains" and posterior.num_draws >= 4:
-        draws = _first_coordinates(_traced(posterior))
+        draws = first_coordinates(traced(posterior))
         out.append((_arviz.plot_chains(draws, folder / f"trace_{method}.png", kind="trace"),
                     f"{method}: trace plots of the first outputs at the probe inputs (networks) or parameters."))
         if posterior.num_chains >= 2:
             out.append((_arviz.plot_chains(draws, folder / f"rank_{method}.png", kind="rank"),
                         f"{method}: rank plots; uniform histograms mean the chains mix."))
     if posterior.trace is not None and np.size(posterior.trace.losses):
-        out.append((_loss_figure(posterior, folder / f"loss_{method}.png"), f"{method}: the loss per step."))
+        out.append((loss_figure(posterior, folder / f"loss_{method}.png"), f"{method}: the loss per step."))
     return out
 
 

@@ -26,12 +26,12 @@ def write_plots(posterior, folder) -> list[Path]:
     folder = Path(folder)
     written = []
     if posterior.kind == "chains" and posterior.num_draws >= 4:
-        draws = _first_coordinates(_traced(posterior))
+        draws = first_coordinates(traced(posterior))
         written.append(_arviz.plot_chains(draws, folder / "trace.png", kind="trace"))
         if posterior.num_chains >= 2:
             written.append(_arviz.plot_chains(draws, folder / "rank.png", kind="rank"))
     if posterior.trace is not None and np.size(posterior.trace.losses):
-        written.append(_loss_figure(posterior, folder / "loss.png"))
+        written.append(loss_figure(posterior, folder / "loss.png"))
     problem = posterior.problem
     if problem is not None and problem.is_declarative and problem.spec.kind != "unsupervised":
         X = np.asarray(problem.data[0])
@@ -43,7 +43,7 @@ def write_plots(posterior, folder) -> list[Path]:
     return written
 
 
-def _traced(posterior) -> dict:
+def traced(posterior) -> dict:
     """What the chain plots show: for a network with hidden layers its outputs at the probe inputs
     (the weights themselves are unidentifiable: chains in relabelled modes are not a failure), else
     the parameters."""
@@ -54,7 +54,7 @@ def _traced(posterior) -> dict:
     return posterior.draws
 
 
-def _first_coordinates(draws: dict) -> dict:
+def first_coordinates(draws: dict) -> dict:
     """Up to ``MAX_TRACED`` scalar series (chain, draw), named site[i, j], in the layout's order."""
     out = {}
     for name, value in draws.items():
@@ -68,7 +68,7 @@ def _first_coordinates(draws: dict) -> dict:
     return out
 
 
-def _figure(width: float, height: float):
+def new_figure(width: float, height: float):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -83,12 +83,12 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
-def _loss_figure(posterior, path: Path) -> Path:
+def loss_figure(posterior, path: Path) -> Path:
     """The whole descent, readable at every scale: each curve's loss above the lowest value it
     reached, on a log axis (offset notation and a clipped start hid both), labelled with what the
     loss is; dotted lines where a run continued for another round of ``steps``."""
     losses = np.atleast_2d(np.asarray(posterior.trace.losses, dtype=float))
-    figure = _figure(6.4, 3.6)
+    figure = new_figure(6.4, 3.6)
     axes = figure.add_subplot()
     steps = np.arange(1, losses.shape[1] + 1)
     finite = losses[np.isfinite(losses)]
@@ -125,7 +125,7 @@ def _regression_figure(posterior, path: Path) -> Path:
     prediction = posterior.predict(grid, seed=0)
     lower90, upper90 = prediction.interval(0.9)
     lower50, upper50 = prediction.interval(0.5)
-    figure = _figure(6.4, 4.0)
+    figure = new_figure(6.4, 4.0)
     axes = figure.add_subplot()
     axes.fill_between(grid[:, 0], lower90, upper90, color="tab:blue", alpha=0.18, lw=0, label="90% predictive")
     axes.fill_between(grid[:, 0], lower50, upper50, color="tab:blue", alpha=0.3, lw=0, label="50% predictive")
@@ -147,7 +147,7 @@ def _classification_figure(posterior, path: Path) -> Path:
     prediction = posterior.predict(grid, seed=0, keep_draws=False)  # summaries only: no per-draw arrays
     probability = prediction.probs[:, -1].reshape(gx.shape)
     entropy = prediction.entropy.reshape(gx.shape)
-    figure = _figure(10.0, 4.2)
+    figure = new_figure(10.0, 4.2)
     for k, (values, title, cmap) in enumerate((
         (probability, f"P(class {prediction.probs.shape[1] - 1}) — predictive mean", "RdBu_r"),
         (entropy, "predictive entropy (nats)", "viridis"),

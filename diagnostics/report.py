@@ -39,7 +39,7 @@ NO_FUNCTION_SITES = (
 )
 
 
-class _Findings:
+class Findings:
     """What the diagnostics found, as they go: a structured :class:`Check` for every threshold
     tested (``ok`` is their conjunction), advisory warnings that fail nothing, and notes on fields
     that do not apply."""
@@ -75,7 +75,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
         wall_time_s=posterior.wall_time_s,
         target=_target(posterior.provenance),
     )
-    found = _Findings(record)
+    found = Findings(record)
     if record.target is None:
         found.note("target", "the posterior of the declared model (no option replaced part of it)")
     nonfinite = _nonfinite_draws(posterior)
@@ -87,7 +87,7 @@ def compute_diagnostics(posterior) -> Diagnostics:
     # What the draws are is declared by the method (Posterior.kind), never guessed from their layout:
     # an ensemble's members sit on the chain axis but are not Markov chains.
     if posterior.kind == "chains":
-        _chain_checks(posterior, found, nonfinite)
+        chain_checks(posterior, found, nonfinite)
     elif posterior.kind == "members":
         _member_notes(posterior, record.notes)
     else:
@@ -117,8 +117,8 @@ def convergence_shortfall(posterior) -> list:
         return []
     record = Diagnostics(method=posterior.method, num_chains=posterior.num_chains, num_draws=posterior.num_draws,
                          wall_time_s=posterior.wall_time_s, target=None)
-    found = _Findings(record)
-    _chain_checks(posterior, found, 0)
+    found = Findings(record)
+    chain_checks(posterior, found, 0)
     return [c for c in record.checks if not c.passed and c.field in MIXING_FIELDS]
 
 
@@ -132,7 +132,7 @@ def _target(provenance: dict) -> str | None:
             "model's posterior")
 
 
-def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
+def chain_checks(posterior, found: Findings, nonfinite: int) -> None:
     """Markov chains: R-hat and ESS in weight and function space, stuck chains."""
     record, problem = found.record, posterior.problem
     if nonfinite:
@@ -235,7 +235,7 @@ def _chain_checks(posterior, found: _Findings, nonfinite: int) -> None:
     )
 
 
-def _transition_checks(stats, found: _Findings, remedy) -> None:
+def _transition_checks(stats, found: Findings, remedy) -> None:
     """Per-transition statistics of Markov chains: divergences, tree depth, E-BFMI, and the
     predicted variance inflation and measured temperature of a stochastic-gradient chain
     (``remedy(topic)``: the method's advice)."""
@@ -304,7 +304,7 @@ def _transition_checks(stats, found: _Findings, remedy) -> None:
         )
 
 
-def _density_checks(posterior, found: _Findings):
+def _density_checks(posterior, found: Findings):
     """The approximation q against the target: ELBO, IWAE and PSIS k-hat. Returns the log density
     ratios log p − log q of the draws (None without a density)."""
     record, notes, evidence = found.record, found.record.notes, posterior.evidence
@@ -397,7 +397,7 @@ SD_RATIO = (0.8, 1.25)  # the range q's sd may take, as a multiple of the poster
 MOMENT_SES = 3.0  # each bound is widened by this many Monte Carlo standard errors of its estimate
 
 
-def _moment_check(posterior, found: _Findings, log_ratios) -> None:
+def _moment_check(posterior, found: Findings, log_ratios) -> None:
     """q's means and sds against the posterior's, estimated from q's own draws by Pareto-smoothed
     importance sampling — reliable exactly when k-hat passes (Yao et al. 2018). A q whose tails are
     fine can still be shifted or too narrow (a Laplace approximation of a skewed noise scale); the
@@ -449,7 +449,7 @@ def _constrained_columns(posterior) -> np.ndarray | None:
     return np.concatenate(parts, axis=1) if parts else None
 
 
-def _dispersion_check(posterior, found: _Findings, degenerate: bool) -> None:
+def _dispersion_check(posterior, found: Findings, degenerate: bool) -> None:
     """q's spread against the curvature at its mean (:mod:`ppl.diagnostics.dispersion`): what
     k-hat cannot see when q is much narrower than the posterior."""
     evidence = posterior.evidence
@@ -472,7 +472,7 @@ def _dispersion_check(posterior, found: _Findings, degenerate: bool) -> None:
     )
 
 
-def _run_checks(posterior, found: _Findings) -> None:
+def _run_checks(posterior, found: Findings) -> None:
     """How the run ended: failed, interrupted, not converged, stopped during KL warm-up."""
     status, trace = posterior.status, posterior.trace
     found.check(
@@ -505,7 +505,7 @@ def _run_checks(posterior, found: _Findings) -> None:
             )
 
 
-def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
+def _loo(posterior, found: Findings, nonfinite: int, log_ratios) -> None:
     """PSIS-LOO: its elpd and the worst Pareto k. Unreliable LOO warns; it does not fail ``ok``
     (it is a statement about the estimate of predictive fit, not about the posterior)."""
     record, problem = found.record, posterior.problem
@@ -555,7 +555,7 @@ def _loo(posterior, found: _Findings, nonfinite: int, log_ratios) -> None:
 _HELDOUT_FIELDS = ("heldout_rows", "heldout_ll", "heldout_baseline_ll", "heldout_coverage_90")
 
 
-def _heldout_checks(posterior, found: _Findings, nonfinite: int) -> None:
+def _heldout_checks(posterior, found: Findings, nonfinite: int) -> None:
     """The predictive on rows the fit never saw, against the trivial baseline and its own 90%
     intervals (:mod:`ppl.diagnostics.heldout`)."""
     heldout = getattr(posterior, "heldout", None)
@@ -676,7 +676,7 @@ def to_inference_data(posterior):
     and MCSE instead of warning that one chain is too few; the posterior group's ``ppl_draws``
     attribute says what the draws are and which diagnostics apply."""
     problem, chain_stats = posterior.problem, posterior.chain_stats
-    chains, note = _export_layout(posterior)
+    chains, note = export_layout(posterior)
 
     def layout(array):
         array = np.asarray(array)
@@ -711,7 +711,7 @@ def to_inference_data(posterior):
 EXPORT_CHAINS = 4  # the chains that independent draws are split into for ArviZ
 
 
-def _export_layout(posterior) -> tuple:
+def export_layout(posterior) -> tuple:
     """(chains to export, what the draws are and which of ArviZ's diagnostics apply to them)."""
     total = posterior.num_chains * posterior.num_draws
     if posterior.kind == "chains":

@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ppl.diagnostics import _arviz
-from ppl.diagnostics.report import _export_layout
+from ppl.diagnostics.report import export_layout
 
 __all__ = ["Summary", "summary"]
 
@@ -67,7 +67,7 @@ def summary(posterior, prob: float = 0.9, exclude_deterministic: bool = True) ->
     if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 < prob < 1:
         raise ValueError(f"summary: prob must be a number in (0, 1), got {prob!r}")
 
-    chains, note = _export_layout(posterior)
+    chains, note = export_layout(posterior)
     mixing = posterior.kind == "chains"
     sampled = posterior.kind in ("chains", "independent", "mixture")  # draws whose ESS means something
     names = _columns(prob)

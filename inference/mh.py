@@ -25,7 +25,7 @@ from blackjax.mcmc import random_walk
 
 from ppl._errors import OptionError
 from ppl.inference._base import extended_remedy
-from ppl.inference.sgmcmc import _WhitenedChains
+from ppl.inference.sgmcmc import WhitenedChains
 
 __all__ = ["MH", "MAX_COMFORTABLE"]
 
@@ -33,7 +33,7 @@ MAX_COMFORTABLE = 100  # parameters beyond which random-walk proposals mix too s
 
 
 @dataclass(frozen=True)
-class MH(_WhitenedChains):
+class MH(WhitenedChains):
     """Random-walk Metropolis with a warmup-tuned proposal scale (whitened coordinates)."""
 
     name: ClassVar[str] = "mh"

@@ -411,7 +411,7 @@ class _Tuning(NamedTuple):
 
 
 @dataclass(frozen=True)
-class _WhitenedChains(Method):
+class WhitenedChains(Method):
     """Chains in whitened coordinates, vmapped, in compiled chunks of draws: the runner shared by
     the SG-MCMC methods and ``mh``. A subclass defines its step rule, its per-chain extra state,
     ``_transition`` (one warmup step) and ``_draw`` (the steps behind one stored draw)."""
@@ -587,7 +587,7 @@ class _WhitenedChains(Method):
 
 
 @dataclass(frozen=True)
-class _SGMCMC(_WhitenedChains):
+class _SGMCMC(WhitenedChains):
     """Minibatch gradient chains: a step size (whitened units, None chooses it) and a batch size."""
 
     adapt_windows: ClassVar[int] = 3
@@ -709,7 +709,7 @@ class _WhitenedLoop(SamplerLoop):
     """One run of whitened chains for :func:`drive`: warmup in windows (each followed by re-measured
     frames, curvature and gradient noise) in ``begin``, then draws in chunks of ``DRAWS_PER_CHUNK``."""
 
-    def __init__(self, method: _WhitenedChains, key, problem, session: Session, anchors: "_Anchors | None" = None):
+    def __init__(self, method: WhitenedChains, key, problem, session: Session, anchors: "_Anchors | None" = None):
         self.method, self.problem, self.session = method, problem, session
         start_key, self.curve_key, self.run_key = _streams(key)
         self.dtype = problem.init_params.dtype

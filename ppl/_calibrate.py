@@ -21,7 +21,7 @@ from ppl._errors import DataError, OptionError, RunError
 from ppl._io import save_posterior
 from ppl._keys import as_key
 from ppl._load import load_with
-from ppl._posterior import _classification, _entropy
+from ppl._posterior import classification_prediction, entropy_of
 from ppl._results import Prediction
 from ppl.diagnostics import classification_metrics
 from ppl.models._base import REGRESSION_LIKELIHOODS
@@ -65,11 +65,11 @@ def scale_temperature(prediction: Prediction, temperature: float) -> Prediction:
         raise OptionError(f"temperature must be a positive finite number, got {temperature!r}")
     if prediction.member_log_probs is not None:
         members = np.asarray(prediction.member_log_probs, dtype=np.float64)
-        return _classification(log_softmax(members / temperature, axis=-1))
+        return classification_prediction(log_softmax(members / temperature, axis=-1))
     log_probs = prediction.log_probs if prediction.log_probs is not None else np.log(prediction.probs)
     log_probs = log_softmax(np.asarray(log_probs, dtype=np.float64) / temperature, axis=-1)
     probs = np.exp(log_probs)
-    return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=_entropy(probs, log_probs))
+    return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=entropy_of(probs, log_probs))
 
 
 def _members(prediction: Prediction) -> np.ndarray:
@@ -118,7 +118,7 @@ def _fit_temperature(members: np.ndarray, labels: np.ndarray) -> tuple[float, fl
     return math.exp(log_t), nll, at_one, at_bound
 
 
-def _supervised_task(posterior, what: str) -> str:
+def supervised_task(posterior, what: str) -> str:
     problem = getattr(posterior, "problem", None)
     if problem is None or not hasattr(posterior, "predict"):
         raise TypeError(f"{what} takes a fitted ppl.Posterior (from ppl.fit or ppl.load), got {type(posterior).__name__}")
@@ -252,7 +252,7 @@ def calibrate(posterior, val_data, *, seed, num_samples: int | None = None, mode
         print(cal, cal.evaluate(data.test, seed=2))
     """
     _check_seed_given(seed, "ppl.calibrate")
-    if _supervised_task(posterior, "ppl.calibrate") != "classification":
+    if supervised_task(posterior, "ppl.calibrate") != "classification":
         raise OptionError(
             f"ppl.calibrate fits a temperature to class probabilities, but this posterior's likelihood is "
             f"{posterior.problem.likelihood!r} (regression); for calibrated regression intervals use "
@@ -388,9 +388,16 @@ class Conformal:
         empty where even the top class is implausible at this α). Regression: ``(lower, upper)``,
         each (N,) (or (N, K) for K outputs), the interval mean ± threshold · predictive sd."""
         _check_seed_given(seed, "Conformal.predict_sets")
+        return self.predict_with_sets(X, seed=seed)[1]
+
+    def predict_with_sets(self, X, *, seed) -> tuple:
+        """``(prediction, sets)``: the predictive the sets are built on (temperature-scaled where
+        the calibration has a temperature) and :meth:`predict_sets`'s sets, from one prediction."""
+        _check_seed_given(seed, "Conformal.predict_with_sets")
         X = validate_inputs(X)
         _check_features(self.posterior, X, "X")
-        return self._sets_from(self._predict(X, seed), seed)
+        prediction = self._predict(X, seed)
+        return prediction, self._sets_from(prediction, seed)
 
     def coverage(self, data, *, seed) -> dict:
         """Empirical coverage on labelled test data ``(X, y)``: ``coverage`` (fraction of points whose
@@ -482,7 +489,7 @@ def conformal(
             posterior.posterior, posterior.temperature, posterior.num_samples, posterior.mode,
         )
     mode = "mc" if mode is None else mode
-    task = _supervised_task(posterior, "ppl.conformal")
+    task = supervised_task(posterior, "ppl.conformal")
     allowed = _CLASSIFICATION_SCORES if task == "classification" else _REGRESSION_SCORES
     score = allowed[0] if score is None else score
     if score not in allowed:
@@ -551,7 +558,7 @@ def calibration_from_record(posterior, record, where: str, task: str | None = No
     if not isinstance(record, dict) or record.get("kind") not in _KINDS:
         raise bad("kind", f"one of {list(_KINDS)}")
     kind = record["kind"]
-    task = task or _supervised_task(posterior, "ppl.load_calibration")
+    task = task or supervised_task(posterior, "ppl.load_calibration")
     checks = {
         "num_samples": (lambda v: v is None or _positive_int(v), "a positive integer or null"),
         "mode": (lambda v: isinstance(v, str), "a prediction mode name"),

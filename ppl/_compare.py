@@ -155,7 +155,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
     if test is not None and not isinstance(test, Split):
         test = Split(*test)
     _check_input_shapes(train, test, ood)
-    chosen = _chosen_methods(model, train, methods, reference, options)
+    chosen = chosen_methods(model, train, methods, reference, options)
     result = Comparison(task=_task(model), data_name=name, model=_model_name(model), seed=int(seed),
                         reference=reference, test=None if test is None else (np.asarray(test.X), np.asarray(test.y)),
                         shift_name=getattr(dataset, "shift_name", None))
@@ -267,7 +267,7 @@ def _compare_fitted(posteriors: dict, test, *, reference, seed, ood) -> Comparis
     return result
 
 
-def _chosen_methods(model, train, methods, reference, options) -> dict:
+def chosen_methods(model, train, methods, reference, options) -> dict:
     """Which methods run, in order (the reference first, so the others can be measured against it),
     and, for the default list, which were left out because they refuse the model and why."""
     if methods is not None:

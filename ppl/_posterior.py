@@ -202,7 +202,7 @@ def _summaries_by_rows(problem, flat, X, task: str, noise_axis) -> Prediction:
         if task == "regression":
             part = _regression(np.asarray(f), np.asarray(noise))
         else:
-            part = _classification(np.asarray(_class_log_probs(problem.likelihood, f)))
+            part = classification_prediction(np.asarray(_class_log_probs(problem.likelihood, f)))
         for name in names:  # the summaries only: the block's per-draw arrays go with ``part``
             parts[name].append(getattr(part, name))
     # Homoscedastic noise is per draw (S,), the same for every block: keep it, it is small.
@@ -624,7 +624,7 @@ class Posterior:
             )
             if task == "regression":
                 return _regression(np.asarray(f), np.asarray(noise))
-            return _classification(np.asarray(_class_log_probs(self.problem.likelihood, f)))
+            return classification_prediction(np.asarray(_class_log_probs(self.problem.likelihood, f)))
         components = _gaussian_components(self.approximation)
         moments = [(w, *_linearized_outputs(self.problem, q, X)) for w, q in components]
         if mode in ("probit", "bridge"):
@@ -636,7 +636,7 @@ class Posterior:
             )
             probs = np.exp(log_probs)
             # A closed-form predictive has no per-draw probabilities, so no aleatoric/epistemic split.
-            return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=_entropy(probs, log_probs))
+            return Prediction(task="classification", probs=probs, log_probs=log_probs, entropy=entropy_of(probs, log_probs))
         # linearized: draws of the outputs from each component's Gaussian over outputs
         pick_key, *keys = jax.random.split(jax.random.fold_in(key, 1), len(moments) + 1)
         pick = np.asarray(jax.random.categorical(pick_key, jnp.log(jnp.asarray([w for w, _, _ in moments])), shape=(draws,)))
@@ -647,7 +647,7 @@ class Posterior:
                 f[chosen] = _sample_outputs(k, mean, cov, chosen.size)
         if task == "classification":
             logits = f[..., 0] if self.problem.likelihood == "bernoulli" else f
-            return _classification(np.asarray(_class_log_probs(self.problem.likelihood, logits)))
+            return classification_prediction(np.asarray(_class_log_probs(self.problem.likelihood, logits)))
         # The mean outputs: all K of a multi-output model, else the first (the second of a
         # heteroscedastic model is log σ²).
         means = (lambda a: a) if self.problem.model.multi_output else (lambda a: a[..., 0])
@@ -765,12 +765,12 @@ def _class_log_probs(likelihood: str, f) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
-def _entropy(p: np.ndarray, log_p: np.ndarray) -> np.ndarray:
+def entropy_of(p: np.ndarray, log_p: np.ndarray) -> np.ndarray:
     """−Σ p log p over the last axis from both p and its log (a class of probability 0 adds 0)."""
     return -np.sum(p * np.maximum(log_p, -np.finfo(log_p.dtype).max), axis=-1)
 
 
-def _classification(member_log_probs: np.ndarray) -> Prediction:
+def classification_prediction(member_log_probs: np.ndarray) -> Prediction:
     """Summaries of S draws of log class probabilities (S, N, C); the predictive mean's log is the
     log-mean-exp over the draws, so a confident wrong draw costs its logit, not a clipped log 0.
     (Shifted by the largest draw rather than reduced pairwise with ``logaddexp``: the same to
@@ -781,8 +781,8 @@ def _classification(member_log_probs: np.ndarray) -> Prediction:
     log_probs = top + np.log(np.mean(np.exp(member_log_probs - top), axis=0))
     member_probs = np.exp(member_log_probs)
     probs = np.exp(log_probs)
-    entropy = _entropy(probs, log_probs)
-    aleatoric = _entropy(member_probs, member_log_probs).mean(axis=0)
+    entropy = entropy_of(probs, log_probs)
+    aleatoric = entropy_of(member_probs, member_log_probs).mean(axis=0)
     return Prediction(
         task="classification",
         probs=probs,

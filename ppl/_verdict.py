@@ -28,7 +28,7 @@ import numpy as np
 from ppl._errors import RunError
 from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics.dispersion import THRESHOLD
-from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO, _chain_checks, _Findings, ebfmi
+from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO, chain_checks, Findings, ebfmi
 from ppl.inference._base import Method
 from ppl.inference.registry import METHODS, get
 
@@ -108,7 +108,7 @@ def measure_chains(*, method: str, options: dict, info: dict, draws: dict, laten
     stand_in.remedy = lambda topic: (get(method) if method in METHODS else Method).remedy(stand_in, topic)
     record = Diagnostics(method=method, num_chains=chains, num_draws=count)
     nonfinite = int(np.sum(~np.all(np.isfinite(flat), axis=-1)))
-    _chain_checks(stand_in, _Findings(record), nonfinite)
+    chain_checks(stand_in, Findings(record), nonfinite)
     return record
 
 

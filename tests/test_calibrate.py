@@ -14,7 +14,7 @@ import pytest
 
 import ppl
 from ppl._calibrate import _aps_cumulative, _fit_temperature, _scaled_nll, conformal_rank, scale_temperature
-from ppl._posterior import _class_log_probs, _classification
+from ppl._posterior import _class_log_probs, classification_prediction
 from ppl.models import BNN, LinearRegression
 
 
@@ -26,7 +26,7 @@ def _softmax(z):
 # -- temperature scaling by hand -------------------------------------------------------------------
 def test_scaled_probabilities_are_softmax_of_logits_over_temperature():
     logits = np.array([[[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]], [[1.0, 1.0, -4.0], [-1.0, 0.5, 2.5]]])  # (S=2, N=2, C=3)
-    prediction = _classification(np.asarray(_class_log_probs("categorical", logits)))
+    prediction = classification_prediction(np.asarray(_class_log_probs("categorical", logits)))
     for temperature in (0.5, 1.0, 2.7):
         scaled = scale_temperature(prediction, temperature)
         members = _softmax(logits / temperature)
@@ -44,7 +44,7 @@ def test_scaled_probabilities_are_softmax_of_logits_over_temperature():
 def test_bernoulli_layout_scales_the_single_logit():
     # Two columns log σ(−f), log σ(f): scaling must give P(y = 1) = mean_s σ(f_s / T).
     f = np.array([[3.0, -0.5, 8.0], [1.0, 2.0, -6.0]])  # (S=2, N=3)
-    prediction = _classification(np.asarray(_class_log_probs("bernoulli", f)))
+    prediction = classification_prediction(np.asarray(_class_log_probs("bernoulli", f)))
     temperature = 2.5
     scaled = scale_temperature(prediction, temperature)
     expected = np.mean(1.0 / (1.0 + np.exp(-f / temperature)), axis=0)

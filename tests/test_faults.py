@@ -492,14 +492,14 @@ def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkey
             # ignored"), as it does in JAX's garbage-collection callback.
             signal.raise_signal(signal.SIGINT)
 
-    real = cli_fit._load_data
+    real = cli_fit.load_data
 
     def load(args):
         data = real(args)
         Finaliser()  # unreferenced, so finalised at once
         return data
 
-    monkeypatch.setattr(cli_fit, "_load_data", load)
+    monkeypatch.setattr(cli_fit, "load_data", load)
     out = tmp_path / "run"
     code = main(["fit", "--model", "linear", "--data", "linear", "--method", "svi", "--set", "steps=300", "--out",
                  str(out), "--no-progress"])
@@ -563,8 +563,8 @@ STARTUP_SCRIPT = textwrap.dedent(
         setattr(module, name, announced)
 
     # Each phase of start-up prints its name as it begins, so the test presses Ctrl-C inside it.
-    announce(ppl.cli, "_parser", "parsing")
-    announce(ppl.cli.fit, "_load_data", "loading")
+    announce(ppl.cli, "build_parser", "parsing")
+    announce(ppl.cli.fit, "load_data", "loading")
     announce(ppl._fit, "compile_problem", "compiling")
     announce(ppl._progress, "task", "looping")  # the first chunk of the first loop compiles
     sys.exit(ppl.cli.main(["fit", "--model", "bnn", "--data", "digits", "--method", "svi", "--set", "hidden=16",
@@ -969,7 +969,7 @@ def test_the_largest_seed_fits_and_saves(tmp_path, monkeypatch, capsys):
 
 
 def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overrides_it(tmp_path, monkeypatch, capsys):
-    from ppl.cli import _parser
+    from ppl.cli import build_parser
     from ppl.cli.compare import _compare_invocation, _valid_compare_invocation
     from ppl.cli.fit import _valid_invocation
 
@@ -1000,7 +1000,7 @@ def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overri
     # An invocation written before --task came (no such key) still resumes; a malformed task does not.
     assert _valid_invocation({k: v for k, v in invocation.items() if k != "task"})
     assert not _valid_invocation({**invocation, "task": "ordinal"})
-    compare = _compare_invocation(_parser().parse_args(
+    compare = _compare_invocation(build_parser().parse_args(
         ["compare", "--model", "linear", "--data", "hundreds.csv", "--seed", "0", "--task", "regression"]))
     assert compare["task"] == "regression" and _valid_compare_invocation(compare)
     assert _valid_compare_invocation({k: v for k, v in compare.items() if k != "task"})

@@ -211,3 +211,16 @@ def test_imports_are_at_module_level_but_the_late_ones():
             for imported in [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module]:
                 allowed = LATE + LATE_IN.get(name, ())
                 assert imported.startswith(allowed), f"{path.relative_to(ROOT)}:{node.lineno} imports {imported} inside a function"
+
+
+def test_no_module_imports_a_private_name_of_another():
+    # what one module uses of another is that module's public surface (a private module, ppl._io,
+    # may be imported; its underscored names stay its own)
+    modules = _package_modules()
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ppl"):
+                for alias in node.names:
+                    private = alias.name.startswith("_") and not alias.name.startswith("__")
+                    assert not private or f"{node.module}.{alias.name}" in modules, (
+                        f"{path.relative_to(ROOT)}:{node.lineno} imports {alias.name} from {node.module}")

@@ -90,9 +90,9 @@ def test_fit_without_a_terminal_says_what_ran_and_ends_with_the_verdict(tmp_path
 
 
 def test_what_ran_names_the_choices_a_method_resolved():
-    from ppl.cli._common import _what_ran
+    from ppl.cli._common import what_ran
 
-    lines = _what_ran("laplace", {"subset": "auto", "hessian": "auto", "rank": 20, "batch_size": None}, 0, {},
+    lines = what_ran("laplace", {"subset": "auto", "hessian": "auto", "rank": 20, "batch_size": None}, 0, {},
                       {"subset": "last_layer", "hessian": "full", "rank": 5})
     method = next(line for line in lines if line.startswith("  method"))
     assert method == "  method    laplace(subset='last_layer' (from 'auto'), hessian='full' (from 'auto'), rank=20, batch_size=None)"

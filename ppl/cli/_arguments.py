@@ -49,7 +49,7 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ppl", description="Bayesian inference for neural-network weights.")
     parser.add_argument("--version", action="version", version=f"ppl {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)

@@ -23,11 +23,11 @@ INVOCATION = "invocation.json"
 VAE_FIGURE = "vae.png"
 
 
-def _model_class(name: str):
+def model_class(name: str):
     return {"linear": LinearRegression, "logistic": LogisticRegression, "bnn": BNN, "vae": VAE}[name]
 
 
-def _split_settings(settings: list[str], model_cls, method_cls, prefix: str = "") -> tuple[dict, dict]:
+def split_settings(settings: list[str], model_cls, method_cls, prefix: str = "") -> tuple[dict, dict]:
     """``--set`` items as (model options, method options); ``prefix`` ("nuts.") is how ppl compare's
     items named their method, for messages."""
     model_fields = {f.name for f in dataclasses.fields(model_cls)}
@@ -59,7 +59,7 @@ def _split_settings(settings: list[str], model_cls, method_cls, prefix: str = ""
     return model_opts, method_opts
 
 
-def _load_data(args):
+def load_data(args):
     if Path(args.data).suffix in (".csv", ".npz"):
         if getattr(args, "split", None) is not None:
             raise UsageError(f"--split applies to the UCI sets' canonical splits, not to the file {args.data}")
@@ -72,7 +72,7 @@ def _load_data(args):
             if args.target is not None and Path(args.data).suffix == ".npz":
                 raise UsageError(f"--target names a CSV column, but {args.data} is a .npz file: its targets are the array y")
             data = datasets.load_file(args.data, target=args.target, seed=args.seed, task=args.task)
-        print(_safe(_describe_file(args, data)))
+        print(safe(_describe_file(args, data)))
         if args.model != "vae":
             # Recorded in invocation.json, so that a resume reads the target as this run did even if
             # the guess were made differently.
@@ -127,8 +127,8 @@ def _kind_of(data) -> str:
     return f"{data.name} is {data.task} (no targets)"
 
 
-def _build_model(args, data, model_opts):
-    cls = _model_class(args.model)
+def build_model(args, data, model_opts):
+    cls = model_class(args.model)
     if args.model == "linear" and data.task != "regression":
         raise UsageError(f"--model linear needs a regression dataset; {data.name} is {data.task}")
     if args.model == "logistic" and (data.task != "classification" or data.num_classes != 2):
@@ -153,11 +153,11 @@ def _build_model(args, data, model_opts):
         raise UsageError(f"model options: {error}") from None
 
 
-def _split_or_none(value) -> bool:
+def split_or_none(value) -> bool:
     return value is None or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 10**6)
 
 
-def _take_saved_arguments(args, saved: dict, differences: list) -> None:
+def take_saved_arguments(args, saved: dict, differences: list) -> None:
     """Fill the arguments not given from a saved invocation; note each given one that differs."""
     for key, value in saved.items():
         given = getattr(args, key)
@@ -167,7 +167,7 @@ def _take_saved_arguments(args, saved: dict, differences: list) -> None:
             differences.append(f"--{key}: the run used {value!r}, now {given!r}")
 
 
-def _request_devices(count) -> None:
+def request_devices(count) -> None:
     """``--devices N``. JAX gives a CPU one device unless asked for more before its first operation,
     so ask for N now (accelerators are unaffected: JAX then lists those). Once JAX has started (the
     CLI called in a process that already used it) it keeps the devices it has; ``ppl.fit`` then
@@ -179,7 +179,7 @@ def _request_devices(count) -> None:
             pass
 
 
-def _unused_folder(base: Path) -> Path:
+def unused_folder(base: Path) -> Path:
     """``base``, or ``base-2``, ``base-3``, … : the first that does not exist yet."""
     out, number = base, 1
     while out.exists():
@@ -188,7 +188,7 @@ def _unused_folder(base: Path) -> Path:
     return out
 
 
-def _check_writable_parent(out: Path) -> None:
+def check_writable_parent(out: Path) -> None:
     """Refuse ``out`` when the nearest folder that exists above it (or itself) is not writable."""
     parent = out
     while not parent.exists():
@@ -217,7 +217,7 @@ def _shown_option(key: str, value, info: dict) -> str:
     return f"{key}={value!r}"
 
 
-def _what_ran(method: str, options: dict, seed, provenance: dict, info: dict | None = None) -> list[str]:
+def what_ran(method: str, options: dict, seed, provenance: dict, info: dict | None = None) -> list[str]:
     """Lines saying what ran: the model with its settings, the data, the method with its options
     (with the choices it resolved, from the run's ``info``), the seed and the package versions."""
     data = provenance.get("data") or {}
@@ -248,7 +248,7 @@ def _what_ran(method: str, options: dict, seed, provenance: dict, info: dict | N
     ]
 
 
-def _metrics_lines(record: dict) -> list[str]:
+def metrics_lines(record: dict) -> list[str]:
     metrics = record.get("metrics") or {}
     if not metrics:
         return []
@@ -264,13 +264,13 @@ def _metrics_lines(record: dict) -> list[str]:
     return lines
 
 
-def _skipped_lines(record: dict) -> list[str]:
+def skipped_lines(record: dict) -> list[str]:
     skipped = record.get("skipped")
     # summary.json is read from disk: anything but the sentence written here is left out
     return [f"skipped: {skipped}"] if isinstance(skipped, str) and len(skipped) < 300 else []
 
 
-def _kfold_lines(record: dict) -> list[str]:
+def kfold_lines(record: dict) -> list[str]:
     cv = record.get("kfold")
     number = (int, float)
     # summary.json is read from disk: anything but the shape written here is left out
@@ -284,12 +284,12 @@ def _kfold_lines(record: dict) -> list[str]:
     return [line]
 
 
-def _held_out(record: dict) -> str | None:
+def held_out(record: dict) -> str | None:
     nll = (record.get("metrics") or {}).get("nll")
     return f"test NLL {nll:.4f} per point" if isinstance(nll, float) else None
 
 
-def _loo_up_front(model: str, likelihood) -> list[str]:
+def loo_up_front(model: str, likelihood) -> list[str]:
     """BNN classifiers: most points' Pareto k exceeds 0.7, so say it before the numbers."""
     if model == "bnn" and likelihood in ("bernoulli", "categorical"):
         return [
@@ -300,19 +300,19 @@ def _loo_up_front(model: str, likelihood) -> list[str]:
     return []
 
 
-def _print_lines(lines) -> None:
+def print_lines(lines) -> None:
     """Plain lines, never re-wrapped or styled (the layout holds when stdout is not a terminal);
     text read from a run folder is shown with control characters escaped."""
     for line in lines:
-        print(_safe(line))
+        print(safe(line))
 
 
-def _safe(text) -> str:
+def safe(text) -> str:
     """Text read from a run folder, with control characters (terminal escapes) shown escaped."""
     return "".join(c if c.isprintable() or c == "\n" else repr(c)[1:-1] for c in str(text))
 
 
-def _run_folder(path: Path) -> Path:
+def run_folder(path: Path) -> Path:
     """The run folder at ``path``, or the one holding the file ``path`` names."""
     if path.is_dir() or not path.exists():
         return path

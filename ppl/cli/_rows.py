@@ -11,7 +11,7 @@ import numpy as np
 from ppl import _load, datasets
 from ppl._errors import RunError, did_you_mean
 from ppl.cli._arguments import UsageError
-from ppl.cli._common import _split_or_none
+from ppl.cli._common import split_or_none
 
 
 def _preparation(data: dict, num_features: int, where: Path) -> dict:
@@ -42,7 +42,7 @@ def _preparation(data: dict, num_features: int, where: Path) -> dict:
     return prep
 
 
-def _supervised_run(folder: Path, command: str, extra: str | None = None):
+def supervised_run(folder: Path, command: str, extra: str | None = None):
     """(posterior, the saved preparation of its training rows, the run's file ``extra`` or None) of a
     saved run of a supervised ppl model."""
     posterior, file = _load.load_with(folder, extra)
@@ -54,7 +54,7 @@ def _supervised_run(folder: Path, command: str, extra: str | None = None):
     return posterior, _preparation(posterior.provenance.get("data") or {}, num_features, folder), file
 
 
-def _raw_rows(data: str, posterior, prep: dict, command: str):
+def raw_rows(data: str, posterior, prep: dict, command: str):
     """(X prepared as the training rows were, y in raw units or None, a description) of ``--data``:
     a .csv/.npz file of raw rows, or (ppl predict only) a dataset name for its test split."""
     num_features = int(posterior.problem.data_X.shape[1])
@@ -69,7 +69,7 @@ def _raw_rows(data: str, posterior, prep: dict, command: str):
         seed = posterior.seed if isinstance(posterior.seed, int) else 0
         if data in datasets.UCI_FOLDERS:
             saved = posterior.provenance.get("data") or {}
-            split = saved.get("split") if saved.get("source") == data and _split_or_none(saved.get("split")) else None
+            split = saved.get("split") if saved.get("source") == data and split_or_none(saved.get("split")) else None
             ds = datasets.load(data, split=split or 0)
             picked = f"split {split or 0}"
         else:

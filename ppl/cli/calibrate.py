@@ -8,17 +8,17 @@ import numpy as np
 
 import ppl
 from ppl import _io
-from ppl._calibrate import CALIBRATION_FILE, _supervised_task, calibration_record
+from ppl._calibrate import CALIBRATION_FILE, supervised_task, calibration_record
 from ppl.cli._arguments import UsageError
-from ppl.cli._common import _print_lines, _run_folder, _safe
-from ppl.cli._rows import _raw_rows, _supervised_run
+from ppl.cli._common import print_lines, run_folder, safe
+from ppl.cli._rows import raw_rows, supervised_run
 
 
 def run(args) -> int:
     """Fit a temperature and/or conformal sets to a saved run on held-out rows and save them into it."""
-    folder = _run_folder(Path(args.run))
-    posterior, prep, _ = _supervised_run(folder, "calibrate")
-    regression = _supervised_task(posterior, "ppl calibrate") == "regression"
+    folder = run_folder(Path(args.run))
+    posterior, prep, _ = supervised_run(folder, "calibrate")
+    regression = supervised_task(posterior, "ppl calibrate") == "regression"
     temperature = not args.no_temperature and not regression
     if args.alpha is None and not temperature:
         raise UsageError(
@@ -27,7 +27,7 @@ def run(args) -> int:
         )
     if args.score is not None and args.alpha is None:
         raise UsageError(f"--score {args.score} chooses the conformal score; give --alpha as well")
-    X, y, described = _raw_rows(args.data, posterior, prep, "calibrate")
+    X, y, described = raw_rows(args.data, posterior, prep, "calibrate")
     if y is None:
         raise UsageError(f"--data {args.data}: has no target column {prep['target']!r}; calibrating needs the labels")
     y = y if not regression else (y - prep["target_mean"]) / prep["target_std"]
@@ -53,5 +53,5 @@ def run(args) -> int:
         lines.append(str(result))
     _io.add_run_files(folder, {CALIBRATION_FILE: calibration_record(result)})
     lines.append(f"saved to {folder / CALIBRATION_FILE}; ppl predict {folder} now applies it, and ppl show prints it")
-    _print_lines([_safe(line) for line in lines])
+    print_lines([safe(line) for line in lines])
     return 0

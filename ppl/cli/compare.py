@@ -13,12 +13,12 @@ from pathlib import Path
 
 import ppl
 from ppl import _interrupt, _io, _progress
-from ppl._compare import _chosen_methods
+from ppl._compare import chosen_methods
 from ppl._errors import ResumeError, RunError, did_you_mean
 from ppl.cli._arguments import COMPARE_DATA, MODELS, TASKS, UsageError
 from ppl.cli._common import (
-    INVOCATION, _build_model, _check_writable_parent, _load_data, _model_class, _request_devices, _safe,
-    _split_or_none, _split_settings, _take_saved_arguments, _unused_folder,
+    INVOCATION, build_model, check_writable_parent, load_data, model_class, request_devices, safe,
+    split_or_none, split_settings, take_saved_arguments, unused_folder,
 )
 from ppl.inference import registry
 
@@ -30,7 +30,7 @@ FITS = "fits"  # the report folder's sub-folder holding each method's fit as a r
 
 
 def run(args) -> int:
-    _request_devices(args.devices)
+    request_devices(args.devices)
     if args.resume:
         _apply_compare_resume(args)
     for key, value in COMPARE_DEFAULTS.items():
@@ -51,14 +51,14 @@ def run(args) -> int:
                 raise UsageError(f"--set {item!r}: method {method!r} is not among the methods compared")
             method_settings.setdefault(method, []).append(rest)
         else:
-            if key not in {f.name for f in dataclasses.fields(_model_class(args.model))}:
+            if key not in {f.name for f in dataclasses.fields(model_class(args.model))}:
                 raise UsageError(
                     f"--set {item!r}: {key!r} is not an option of the model"
-                    f"{did_you_mean(key, [f.name for f in dataclasses.fields(_model_class(args.model))])}; a method's "
+                    f"{did_you_mean(key, [f.name for f in dataclasses.fields(model_class(args.model))])}; a method's "
                     "option takes its name first, as in --set nuts.num_chains=2"
                 )
             model_settings.append(item)
-    model_opts, _ = _split_settings(model_settings, _model_class(args.model), registry.get("map"))
+    model_opts, _ = split_settings(model_settings, model_class(args.model), registry.get("map"))
     options = {}
     for method, items in method_settings.items():
         cls = registry.get(method)
@@ -67,15 +67,15 @@ def run(args) -> int:
             key = unknown[0].split("=", 1)[0]
             raise UsageError(f"--set {method}.{unknown[0]}: not an option of method {method!r} "
                              f"({', '.join(sorted(cls.option_defaults()))}){did_you_mean(key, cls.option_defaults())}")
-        options[method] = _split_settings(items, _model_class(args.model), cls, prefix=f"{method}.")[1]
+        options[method] = split_settings(items, model_class(args.model), cls, prefix=f"{method}.")[1]
     if args.model == "vae":
         raise UsageError("ppl compare scores test predictions; a VAE has none — compare VAEs with ppl fit and their "
                          "test ELBO")
-    data = _load_data(args)
-    model = _build_model(args, data, model_opts)
-    _chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
+    data = load_data(args)
+    model = build_model(args, data, model_opts)
+    chosen_methods(model, data.train, methods, reference, options)  # every method and option, before fitting
     out = Path(args.resume) if args.resume else _compare_folder(args, data)
-    _check_writable_parent(out)
+    check_writable_parent(out)
     # The writer's lock of `ppl fit` (on the resolved path): a fit and a comparison never write one folder at once.
     with _io.run_lock(out):
         if not args.resume:
@@ -100,7 +100,7 @@ def run(args) -> int:
             return _interrupt.exit_status()
     elapsed = time.perf_counter() - started
     print()
-    print(_safe(result.table()))
+    print(safe(result.table()))
     print()
     print(f"report: {out / 'report.html'} (figures beside it; comparison.json holds the table, {FITS}/ each method's "
           f"fit); {elapsed:.0f} s in all")
@@ -189,7 +189,7 @@ def _valid_compare_invocation(saved) -> bool:
         and saved["model"] in MODELS
         and isinstance(saved["data"], str) and len(saved["data"]) < 4096
         and all(text_or_none(saved[key]) for key in ("target", "methods", "reference"))
-        and _split_or_none(saved["split"])
+        and split_or_none(saved["split"])
         and isinstance(saved["seed"], int) and not isinstance(saved["seed"], bool) and 0 <= saved["seed"] < 2**32
         and isinstance(saved["set"], list) and all(isinstance(item, str) and len(item) < 4096 for item in saved["set"])
     )
@@ -218,7 +218,7 @@ def _apply_compare_resume(args) -> None:
         raise RunError(f"--resume {folder}: no valid {INVOCATION} of `ppl compare`; only a comparison that "
                        "`ppl compare` started can be continued")
     differences = []
-    _take_saved_arguments(args, {k: v for k, v in saved.items() if k != "command"}, differences)
+    take_saved_arguments(args, {k: v for k, v in saved.items() if k != "command"}, differences)
     if differences:
         raise ResumeError(f"{folder} was started differently — " + "; ".join(differences) + " — drop or match them")
 
@@ -236,4 +236,4 @@ def _compare_folder(args, data) -> Path:
                              f"ppl compare --resume {out}, or add --force to start afresh")
         return out
     split = "" if args.split is None else f"-split{args.split}"
-    return _unused_folder(Path("runs") / f"compare-{data.name}{split}-{args.model}-seed{args.seed}")
+    return unused_folder(Path("runs") / f"compare-{data.name}{split}-{args.model}-seed{args.seed}")

@@ -14,9 +14,9 @@ from ppl._errors import MemoryBudgetError, NonFiniteError, ResumeError, RunError
 from ppl._keys import derived_key
 from ppl.cli._arguments import MODELS, TASKS, UsageError
 from ppl.cli._common import (
-    INVOCATION, VAE_FIGURE, _build_model, _check_writable_parent, _held_out, _kfold_lines, _load_data,
-    _loo_up_front, _metrics_lines, _model_class, _print_lines, _request_devices, _skipped_lines, _split_or_none,
-    _split_settings, _take_saved_arguments, _unused_folder, _what_ran,
+    INVOCATION, VAE_FIGURE, build_model, check_writable_parent, held_out, kfold_lines, load_data,
+    loo_up_front, metrics_lines, model_class, print_lines, request_devices, skipped_lines, split_or_none,
+    split_settings, take_saved_arguments, unused_folder, what_ran,
 )
 from ppl.diagnostics.vae import vae_report
 from ppl.inference import registry
@@ -28,7 +28,7 @@ TEST_STREAM = 1
 
 
 def run(args) -> int:
-    _request_devices(args.devices)
+    request_devices(args.devices)
 
     if args.resume:
         _apply_resume(args)
@@ -37,9 +37,9 @@ def run(args) -> int:
     args.method = args.method or "nuts"
     args.seed = 0 if args.seed is None else args.seed
     method_cls = registry.get(args.method)
-    model_opts, method_opts = _split_settings(args.set, _model_class(args.model), method_cls)
-    data = _load_data(args)
-    model = _build_model(args, data, model_opts)
+    model_opts, method_opts = split_settings(args.set, model_class(args.model), method_cls)
+    data = load_data(args)
+    model = build_model(args, data, model_opts)
     # Start-up is over: a Ctrl-C whose KeyboardInterrupt was dropped on the way stops here, before
     # the folder is touched.
     _interrupt.raise_pending()
@@ -124,15 +124,15 @@ def run(args) -> int:
                                  + ", interrupted before they finished")
         with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
             _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
-    _print_lines([
-        *_what_ran(args.method, posterior.options, args.seed, posterior.provenance, posterior.info),
-        *_loo_up_front(args.model, getattr(model, "likelihood", None)),
+    print_lines([
+        *what_ran(args.method, posterior.options, args.seed, posterior.provenance, posterior.info),
+        *loo_up_front(args.model, getattr(model, "likelihood", None)),
         diagnostics.table(),
-        *_metrics_lines(record),
-        *_kfold_lines(record),
-        *_skipped_lines(record),
+        *metrics_lines(record),
+        *kfold_lines(record),
+        *skipped_lines(record),
         f"saved to {out}",
-        diagnostics.verdict(_held_out(record)),
+        diagnostics.verdict(held_out(record)),
     ])
     if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
@@ -160,7 +160,7 @@ def _valid_invocation(saved) -> bool:
         isinstance(saved, dict)
         # split: since 0.1; task: since --task came (an older run without it guesses again, as it did)
         and set(saved) - {"split", "task"} == {"model", "data", "target", "method", "seed", "set"}
-        and _split_or_none(saved.get("split"))
+        and split_or_none(saved.get("split"))
         and saved.get("task") in (None, *TASKS)
         and saved["model"] in MODELS
         and isinstance(saved["data"], str)
@@ -186,7 +186,7 @@ def _apply_resume(args) -> None:
     if not _valid_invocation(saved):
         raise RunError(f"{folder}: no valid {INVOCATION}; only runs written by `ppl fit` resume from the command line")
     differences = []
-    _take_saved_arguments(args, saved, differences)
+    take_saved_arguments(args, saved, differences)
     if differences:
         raise ResumeError(f"{folder} was fitted differently — " + "; ".join(differences) + " — drop or match them")
     if args.out is None:
@@ -203,7 +203,7 @@ def _out_folder(args, data) -> Path:
                 f"--out {out} already holds a run; choose another folder, or add --force to replace it"
             )
         return out
-    return _unused_folder(Path("runs") / f"{data.name}-{args.model}-{args.method}-seed{args.seed}")
+    return unused_folder(Path("runs") / f"{data.name}-{args.model}-{args.method}-seed{args.seed}")
 
 
 def _check_out(out: Path) -> None:
@@ -212,7 +212,7 @@ def _check_out(out: Path) -> None:
         _io.check_writable_run(out)
     except RunError as error:
         raise UsageError(f"--out {error}") from None
-    _check_writable_parent(out)
+    check_writable_parent(out)
 
 
 def _data_source(args, data) -> dict:

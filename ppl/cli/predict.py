@@ -12,17 +12,17 @@ import numpy as np
 from ppl._calibrate import CALIBRATION_FILE, Conformal, calibration_from_record
 from ppl._errors import did_you_mean
 from ppl.cli._arguments import UsageError
-from ppl.cli._common import _run_folder, _safe
-from ppl.cli._rows import _raw_rows, _supervised_run
+from ppl.cli._common import run_folder, safe
+from ppl.cli._rows import raw_rows, supervised_run
 
 
 def run(args) -> int:
     """Predict raw rows with a saved run: prepare them as its training rows were, report in raw units."""
-    folder = _run_folder(Path(args.run))
-    posterior, prep, record = _supervised_run(folder, "predict", CALIBRATION_FILE)
+    folder = run_folder(Path(args.run))
+    posterior, prep, record = supervised_run(folder, "predict", CALIBRATION_FILE)
     if not 0.0 < args.level < 1.0:
         raise UsageError(f"--level must lie in (0, 1), got {args.level}")
-    X, y, described = _raw_rows(args.data, posterior, prep, "predict")
+    X, y, described = raw_rows(args.data, posterior, prep, "predict")
     kept = _kept_columns(args.data, args.keep_columns, len(X))
     calibration = None
     if record is not None and not args.uncalibrated:
@@ -38,8 +38,7 @@ def run(args) -> int:
         prediction = posterior.predict(X, seed=args.seed, num_samples=args.num_samples)
     elif isinstance(calibration, Conformal):
         # one prediction serves both the probabilities and the sets
-        prediction = calibration._predict(X, args.seed)
-        sets = calibration._sets_from(prediction, args.seed)
+        prediction, sets = calibration.predict_with_sets(X, seed=args.seed)
     else:
         prediction = calibration.predict(X, seed=args.seed)
     columns, summary = _prediction_columns(prediction, y, prep, args.level, sets, calibration if sets is not None else None)
@@ -59,14 +58,14 @@ def run(args) -> int:
     else:
         sys.stdout.write(text.getvalue())
     report = sys.stdout if args.out else sys.stderr
-    print(_safe(f"predicted {described} with {folder} ({posterior.method})"
+    print(safe(f"predicted {described} with {folder} ({posterior.method})"
                 + (f"; written to {args.out}" if args.out else "")), file=report)
     if calibration is not None:
-        print(_safe(f"  calibrated as ppl calibrate saved it (--uncalibrated ignores it): {calibration}"), file=report)
+        print(safe(f"  calibrated as ppl calibrate saved it (--uncalibrated ignores it): {calibration}"), file=report)
     elif record is not None:
         print("  --uncalibrated: the run's saved calibration is not applied", file=report)
     for line in summary:
-        print(_safe(line), file=report)
+        print(safe(line), file=report)
     return 0
 
 

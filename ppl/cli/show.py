@@ -12,8 +12,8 @@ from ppl._errors import RunError
 from ppl._io import read_run_files
 from ppl._load import saved_diagnostics
 from ppl.cli._common import (
-    VAE_FIGURE, _held_out, _kfold_lines, _loo_up_front, _metrics_lines, _print_lines, _run_folder, _safe,
-    _skipped_lines, _what_ran,
+    VAE_FIGURE, held_out, kfold_lines, loo_up_front, metrics_lines, print_lines, run_folder, safe,
+    skipped_lines, what_ran,
 )
 from ppl.diagnostics.plots import write_plots
 from ppl.models import from_config
@@ -25,12 +25,12 @@ def run(args) -> int:
     run of a ppl model is loaded and diagnosed again from its stored draws; a run whose model cannot
     be run here (a Network's, a plain program's) shows its saved figures with the verdict decided
     again from them."""
-    path = _run_folder(Path(args.path))
+    path = run_folder(Path(args.path))
     meta, diagnostics, extras = read_run_files(path, ("summary.json", CALIBRATION_FILE))
     status = meta["status"]
     if not meta["has_posterior"]:
         progress = (meta.get("resume") or {}).get("progress")
-        _print_lines([
+        print_lines([
             f"{path}: {status} run with no draws yet (progress {progress}); continue with: ppl fit --resume {path}",
             "verdict: not assessed — a checkpoint with no draws yet",
         ])
@@ -53,7 +53,7 @@ def run(args) -> int:
     sites = ", ".join(f"{name}{tuple(shape)}" for name, shape, _ in meta["sites"])
     lines = [
         f"{path}: {meta['method']} — {meta['num_chains']} chain(s) × {meta['num_draws']} draws, status {status}",
-        *_what_ran(meta["method"], meta["options"], meta["seed"], provenance, meta["info"]),
+        *what_ran(meta["method"], meta["options"], meta["seed"], provenance, meta["info"]),
         f"  sites     {sites}",
     ]
     if meta["deterministic"]:
@@ -79,11 +79,11 @@ def run(args) -> int:
         record = posterior.diagnostics()
     if record is not None:
         if model.get("class") == "BNN":
-            lines.extend(_loo_up_front("bnn", model.get("fields", {}).get("likelihood")))
+            lines.extend(loo_up_front("bnn", model.get("fields", {}).get("likelihood")))
         lines.append(record.table())
-    lines.extend(_metrics_lines(summary))
-    lines.extend(_kfold_lines(summary))
-    lines.extend(_skipped_lines(summary))
+    lines.extend(metrics_lines(summary))
+    lines.extend(kfold_lines(summary))
+    lines.extend(skipped_lines(summary))
     if CALIBRATION_FILE in extras:
         lines.append(_calibration_line(extras[CALIBRATION_FILE], model, path / CALIBRATION_FILE))
     if model.get("class") == "VAE" and (path / VAE_FIGURE).is_file():
@@ -94,11 +94,11 @@ def run(args) -> int:
     elif args.plots:
         lines.extend(_plots(posterior, path))
     if record is not None:
-        lines.append(record.verdict(_held_out(summary)))
+        lines.append(record.verdict(held_out(summary)))
     elif model["kind"] == "function":
         # Computing them would run the program, which ppl show never imports: say what is known, then why not more.
-        _print_lines(lines)
-        raise RunError(_safe(
+        print_lines(lines)
+        raise RunError(safe(
             f"{path}: no diagnostics saved ({meta.get('diagnostics_error') or 'a checkpoint, or an interrupted save'}), "
             f"and computing them needs the program {model['module']}.{model['qualname']}, which ppl show never "
             f"imports — in Python: ppl.load({str(path)!r}, model=<the program>).diagnostics()"
@@ -106,7 +106,7 @@ def run(args) -> int:
     else:
         why = meta.get("diagnostics_error") or "a checkpoint, or an interrupted save"
         lines.append(f"verdict: not assessed — no diagnostics saved ({why}); ppl.load computes them")
-    _print_lines(lines)
+    print_lines(lines)
     return 0
 
 
