@@ -184,29 +184,21 @@ def _version() -> str:
         return ppl.__version__
 
 
-def _seed(text: str) -> int:
-    value = int(text)
-    if not 0 <= value < 2**32:
-        raise argparse.ArgumentTypeError(f"seed must be an integer in [0, 2**32), got {value}")
-    return value
+def _integer(low: int, high: int | None, rule: str):
+    """An argparse ``type``: an integer in [low, high) (no upper end when ``high`` is None), refused
+    with ``rule``; text that is no integer at all reads "invalid integer value: 'abc'"."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < low or (high is not None and value >= high):
+            raise argparse.ArgumentTypeError(f"{rule}, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # the word argparse puts in "invalid integer value"
+    return parse
 
 
-def _at_least_two(text: str) -> int:
-    value = int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"must be an integer of at least 2, got {value}")
-    return value
-
-
-def _split_number(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"a split number is 0 or more, got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+_seed = _integer(0, 2**32, "seed must be an integer in [0, 2**32)")
+_at_least_two = _integer(2, None, "must be an integer of at least 2")
+_split_number = _integer(0, None, "a split number is 0 or more")
+_positive = _integer(1, None, "must be a positive integer")
