@@ -44,7 +44,9 @@ from ppl._problem import compile_problem
 from ppl.inference import _curvature as curvature
 from ppl.inference.optimize import OptimizerConfig, fit_mode, mode_stationarity
 
-__all__ = ["parse", "resolve", "check", "prepare", "applies"]
+__all__ = [
+    "parse", "resolve", "check", "applies", "prepare", "tuned", "init_target", "recompiled", "with_prior", "tune_evidence",
+]
 
 TUNE_STREAM = 7  # the random stream (folded into the method's key) of the tuning
 TUNE_ROUNDS = 10  # alternations of MAP steps and evidence maximisation
