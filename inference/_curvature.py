@@ -421,24 +421,11 @@ def prior_precision_diagonal(problem, u):
 prior_precision_diagonal = jax.jit(prior_precision_diagonal)
 
 
-def memory_bytes(structure: str, num_free: int, num_outputs: int, layers=None, rank: int = 0, itemsize: int = 8) -> int:
-    """What computing and holding the curvature of ``structure`` over ``num_free`` coordinates takes:
-    the largest arrays alive at once (a dense matrix and its factor; one chunk of Jacobians)."""
-    jac = CHUNK_BYTES
-    if structure == "full":
-        return 3 * num_free**2 * itemsize + jac
-    if structure == "kfac":
-        return 4 * sum(a * a + g * g for _, a, g in layers) * itemsize + jac
-    if structure == "lowrank":
-        return 4 * num_free * (rank + 10) * itemsize + jac
-    return 4 * num_free * itemsize + jac
-
-
 def describe_memory(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
 
 
-__all__ += ["prior_precision_diagonal", "memory_bytes", "describe_memory", "largest_eigenvalue"]
+__all__ += ["prior_precision_diagonal", "describe_memory", "largest_eigenvalue", "free_layers"]
 
 
 def largest_eigenvalue(hvp, key, like: jax.Array, iterations: int) -> jax.Array:
@@ -459,31 +446,3 @@ def free_layers(layers, index) -> list:
     """The layers whose coordinates are free (K-FAC covers whole layers)."""
     free = set(np.asarray(index).tolist())
     return [layer for layer in layers if layer[0] in free]
-
-
-def likelihood_pieces(problem, u, index, hessian: str, rank: int, key, layers):
-    """The likelihood curvature (unweighted) in the structure's own form. ``layers``: the layers'
-    slices (None for a network without declared layer structure)."""
-    outputs = problem.model.output_dim()
-    rows = chunk_rows(outputs, len(index))
-    index_arr = jnp.asarray(index)
-    start, width, outputs_last = layers[-1] if layers is not None else (0, 0, 0)
-    if (layers is not None and hessian in ("full", "diag") and layer_locations(problem)[-1] == 1
-            and np.array_equal(np.asarray(index), np.arange(start, start + width * outputs_last))):
-        # exactly the last layer, a dense one: its Jacobian is known in closed form (φ̃ ⊗ I)
-        return last_layer_ggn(problem, u, hessian, chunk_rows(outputs * outputs, width))
-    # the sites holding the free coordinates: derivatives skip every other layer
-    columns = np.zeros(problem.num_params, bool)
-    columns[np.asarray(index)] = True
-    sites = tuple(problem.sites_of(columns))
-    if hessian in ("full", "diag"):
-        return ggn(problem, u, index_arr, hessian, rows, sites)
-    if hessian == "kfac":
-        factors = kfac_factors(problem, u, chunk_rows(outputs, max(r * c for _, r, c in layers)))
-        starts = {start for start, _, _ in free_layers(layers, index)}
-        # in the order of the layers' coordinates in u, as the blocks of the Gaussian lie (a network
-        # may declare its layers in call order while its sites sort otherwise: Flax's Dense_0 can
-        # be the output layer)
-        ordered = sorted(zip(factors, layers), key=lambda pair: pair[1][0])
-        return [f for f, (start, _, _) in ordered if start in starts]
-    return ggn_lowrank(problem, u, index_arr, key, min(rank, len(index)), rows, sites=sites)

@@ -42,6 +42,7 @@ from ppl._checkpoint import Interrupted
 from ppl._errors import OptionError
 from ppl._problem import compile_problem
 from ppl.inference import _curvature as curvature
+from ppl.inference import _curvatures as structures
 from ppl.inference.optimize import OptimizerConfig, fit_mode, mode_stationarity
 
 __all__ = [
@@ -218,7 +219,7 @@ def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_stru
         u = _map_with_hypers(problem, u, arrays.weights, alpha_coord, steps)
         old = np.r_[log_alpha, [] if log_sigma is None else [log_sigma]]
         with curvature.float64():
-            pieces = curvature.likelihood_pieces(
+            pieces = structures.likelihood_pieces(
                 problem, u, index, hessian, rank, jax.random.fold_in(key, round_), slices
             )
             log_alpha, log_sigma, evidence = _maximise_evidence(
@@ -356,6 +357,7 @@ def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed
     n = problem.num_data
     theta = u[arrays.free]
     groups = arrays.groups[arrays.free]
+    structure = structures.structure(hessian)
 
     def log_evidence(h):
         alpha = jnp.exp(h[:num_alpha])[groups]
@@ -365,27 +367,7 @@ def _evidence_optimum(problem, u, arrays, pieces, start, sigma0, residual, fixed
             log_lik = -0.5 * residual / sigma**2 - n * jnp.log(sigma) - 0.5 * n * math.log(2 * math.pi)
         else:
             scale, log_lik = 1.0, fixed_lik
-        d = prior_weight * alpha
-        if hessian == "full":
-            chol = jnp.linalg.cholesky(lik_weight * scale * pieces + jnp.diag(d))
-            log_det = 2.0 * jnp.sum(jnp.log(jnp.diag(chol)))
-        elif hessian == "diag":
-            log_det = jnp.sum(jnp.log(lik_weight * scale * pieces + d))
-        elif hessian == "kfac":
-            log_det, offset = 0.0, 0
-            for A, G in pieces:
-                la = jnp.maximum(jnp.linalg.eigvalsh(A), 0.0)
-                lg = jnp.maximum(jnp.linalg.eigvalsh(G), 0.0)
-                size = la.shape[0] * lg.shape[0]
-                block_d = d[offset]
-                offset += size
-                log_det = log_det + jnp.sum(jnp.log(lik_weight * scale * la[:, None] * lg[None, :] + block_d))
-        else:
-            vectors, values = pieces
-            inner = (vectors / d[:, None]).T @ vectors * (lik_weight * scale)
-            root = jnp.sqrt(values)
-            small = jnp.eye(values.shape[0], dtype=u.dtype) + root[:, None] * inner * root[None, :]
-            log_det = jnp.sum(jnp.log(d)) + 2.0 * jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(small))))
+        log_det = structure.log_det(pieces, lik_weight * scale, prior_weight * alpha)
         log_prior = 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
         return lik_weight * log_lik + prior_weight * log_prior - 0.5 * log_det + 0.5 * theta.shape[0] * math.log(2 * math.pi)
 

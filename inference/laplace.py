@@ -40,6 +40,7 @@ from ppl._errors import MemoryBudgetError, OptionError
 from ppl._posterior import Posterior
 from ppl._records import Evidence, TrainingTrace
 from ppl.inference import _curvature as curvature
+from ppl.inference import _curvatures as structures
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import (
     MEMORY_BUDGET_BYTES,
@@ -49,8 +50,8 @@ from ppl.inference._base import (
     check_positive,
     check_positive_int,
 )
-from ppl.inference._gaussian import Diagonal, Full, Gaussian, Kronecker, PrecisionLowRank, Subset, draw
-from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
+from ppl.inference._gaussian import Full, Gaussian, Subset, draw
+from ppl.inference.exact import factor_precision, flat_names
 from ppl.inference.map import MAP
 from ppl.inference.optimize import (
     INITS, NegativeLogDensity, NegativeLogJoint, OptimizerConfig, full_gradient, minimize, mode_stationarity,
@@ -58,7 +59,7 @@ from ppl.inference.optimize import (
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
 
-HESSIANS = ("auto", "full", "diag", "kfac", "lowrank")
+HESSIANS = ("auto", *structures.names())
 SUBSETS = ("auto", "all", "last_layer")
 PRIOR_STRUCTURES = ("layer", "scalar")
 # hessian="auto" takes the exact (full) GGN up to this many free coordinates, K-FAC above: on the main
@@ -159,7 +160,7 @@ class Laplace(Method):
         if hessian == "auto":
             dense = problem.is_declarative and problem.model.dense
             free = None if _is_mask(subset) or not dense else self._free(problem, subset)
-            large = free is not None and len(free) > FULL_MAX and _whole_layers(problem, free)
+            large = free is not None and len(free) > FULL_MAX and structures.whole_layers(problem, free)
             hessian = "kfac" if large else "full"
         return subset, hessian
 
@@ -205,44 +206,24 @@ class Laplace(Method):
             check_init_posterior(self.name, self.init, problem, "a map Posterior of this model")
         if problem.spec.kind == "unsupervised":
             raise OptionError(f"{self.name}: models with local latents are fitted with svi")
+        structure = structures.structure(hessian)
         if not problem.is_declarative:
             if subset != "all" or hessian != "full":
                 raise OptionError(
                     f"{self.name}: a plain NumPyro program has no network layers, so subset={subset!r} and "
                     f"hessian={hessian!r} do not apply; it gets the exact Hessian: subset='all', hessian='full'"
-                    + (" (K-FAC needs dense layers)" if hessian == "kfac" else "")
+                    + (f" ({structure.label} needs dense layers)" if structure.needs_layers else "")
                 )
         if _is_mask(subset) and len(subset) != problem.num_params:
             raise OptionError(
                 f"{self.name}: the subset mask has {len(subset)} entries but the model has {problem.num_params} "
                 "parameters (the flat unconstrained vector)"
             )
-        if _is_mask(subset) and hessian == "kfac":
-            raise OptionError(
-                f"{self.name}: K-FAC approximates whole layers; a subnetwork mask needs hessian='full', 'diag' or 'lowrank'"
-            )
-        if _patterns(subset) is not None and hessian == "kfac" and problem.is_declarative and problem.model.has_layers \
-                and not _whole_layers(problem, self._free(problem, subset)):
-            raise OptionError(
-                f"{self.name}: K-FAC approximates whole layers (weights and bias together), and subset={subset!r} "
-                "selects part of one: widen the patterns to each chosen layer's weight and bias, or use "
-                "hessian='full', 'diag' or 'lowrank'"
-            )
-        model = problem.model
         if problem.is_declarative:
-            if hessian == "kfac" and not model.has_layers:
-                groups = ", ".join(name for name, _ in problem.parameter_groups())
-                why = getattr(model, "layer_problem", "") or "it does not declare one"
-                raise OptionError(
-                    f"{self.name}: K-FAC needs the network's layer structure, which is unknown for this "
-                    f"{type(model).__name__} ({why}): it cannot handle the parameter groups {groups} — use "
-                    "hessian='full', 'diag' or 'lowrank' (the generic GGN works for any network)"
-                )
-            if hessian == "kfac" and empirical_bayes.resolve(self.prior_precision, problem) is None:
-                # A Gaussian prior's precision does not depend on θ: check it before any work.
-                prior = np.asarray(curvature.prior_precision_diagonal(problem, problem.init_params))
-                for (start, rows, cols) in curvature.free_layers(curvature.layer_slices(problem), self.free_index(problem)):
-                    _one_precision(problem, prior[start : start + rows * cols], start)
+            structure.check(
+                self.name, problem, subset=subset, mask=_is_mask(subset), patterns=_patterns(subset) is not None,
+                index=self._free(problem, subset), fixed_prior=empirical_bayes.resolve(self.prior_precision, problem) is None,
+            )
         empirical_bayes.check(self.name, self.prior_precision, problem)
         self.check_memory(problem)
 
@@ -259,20 +240,21 @@ class Laplace(Method):
         layered = problem.is_declarative and problem.model.has_layers
         # K-FAC holds factors for the covered layers only (a subset's other layers stay at the MAP)
         layers = curvature.free_layers(curvature.layer_slices(problem), index) if layered and index is not None else None
-        size = curvature.memory_bytes(hessian, free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
+        size = structures.structure(hessian).memory_bytes(free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
         return size, hessian, free, outputs, layered, layers
 
     def check_memory(self, problem) -> None:
         """Refuse, before computing anything, a curvature that would not fit in memory."""
         size, hessian, free, outputs, layered, layers = self._memory(problem)
         if size > MEMORY_BUDGET_BYTES:
-            cheaper = [
-                h for h in ("kfac", "lowrank", "diag")
-                if h != hessian and (problem.is_declarative or h == "diag") and (layered or h != "kfac")
-            ]
+            # every other structure this problem can have that needs less, the cheapest last
+            cheaper = sorted(
+                ((structures.structure(h).memory_bytes(free, outputs, layers, self.rank), h)
+                 for h in structures.names() if h != hessian and structures.structure(h).applies(problem)),
+                reverse=True,
+            )
             options = ", ".join(
-                f"hessian={h!r} ({curvature.describe_memory(curvature.memory_bytes(h, free, outputs, layers, self.rank))})"
-                for h in cheaper if problem.is_declarative
+                f"hessian={h!r} ({curvature.describe_memory(needed)})" for needed, h in cheaper if needed < size
             )
             raise MemoryBudgetError(
                 f"{self.name}: hessian={hessian!r} over {free} parameters needs about {curvature.describe_memory(size)} "
@@ -423,25 +405,14 @@ def laplace_gaussian(problem, u, index, hessian: str, rank: int, key) -> tuple:
             family, log_z, rcond, precision = _assemble_program(problem, u)
         else:
             layers = curvature.layer_slices(problem) if problem.model.has_layers else None
-            pieces = curvature.likelihood_pieces(problem, u, index, hessian, rank, key, layers)
+            pieces = structures.likelihood_pieces(problem, u, index, hessian, rank, key, layers)
             family, log_z, health, precision = _assemble(problem, u, jnp.asarray(index), pieces, hessian)
     family = _narrow(family, u.dtype)
     if not problem.is_declarative:
         if not float(rcond) > float(u.shape[0] * jnp.finfo(precision.dtype).eps):
-            _not_pd(rcond, precision, flat_names(problem))
+            structures.not_positive_definite(rcond, precision, flat_names(problem))
         return family, float(log_z)
-    if hessian == "full" and not float(health) > float(len(index) * jnp.finfo(precision.dtype).eps):
-        _not_pd(health, precision, _names(problem, index))
-    if hessian != "full" and not float(health) > 0:
-        where = ""
-        if hessian == "diag":
-            names = _names(problem, index)
-            bad = [names[i] for i in np.flatnonzero(~(np.asarray(precision) > 0))]
-            where = f" at {', '.join(bad[:10])}{' and more' if len(bad) > 10 else ''}"
-        raise NotPositiveDefiniteError(
-            f"laplace: the {hessian} posterior precision is not positive{where}: the prior's curvature is not "
-            "positive there (a non-Gaussian prior) — use a Gaussian prior, or hessian='full' to see where"
-        )
+    structures.structure(hessian).check_health(health, precision, lambda: _names(problem, index))
     return family, (float(log_z) if problem.model.gaussian_prior else None)
 
 
@@ -473,46 +444,17 @@ def _assemble_program(problem, u):
 
 @partial(jax.jit, static_argnames=("hessian",))
 def _assemble(problem, u, index, pieces, hessian: str):
-    """The Gaussian over ``index`` from the curvature ``pieces``, the Laplace log evidence (valid
-    for a Gaussian prior), and a health number: rcond for ``full``, the smallest precision otherwise."""
+    """The Gaussian over ``index`` from the curvature ``pieces`` of the structure ``hessian``, the
+    Laplace log evidence (valid for a Gaussian prior), and the structure's health number."""
     prior_weight, lik_weight = problem.weights(None)
     prior_diag = curvature.prior_precision_diagonal(problem, u)[index] * prior_weight
-    precision = jnp.zeros(())
-    if hessian == "full":
-        precision = lik_weight * pieces + jnp.diag(prior_diag)
-        factor = factor_precision(precision)
-        blocks, health = (Full(factor.scale_tril),), factor.rcond
-    elif hessian == "diag":
-        precision = lik_weight * pieces + prior_diag
-        blocks, health = (Diagonal(1.0 / jnp.sqrt(precision)),), jnp.min(precision)
-    elif hessian == "kfac":
-        blocks, offset = [], 0
-        for A, G in pieces:
-            # one prior precision per layer (checked before the run)
-            blocks.append(_kronecker(A, G, lik_weight, prior_diag[offset]))
-            offset += A.shape[0] * G.shape[0]
-        blocks, health = tuple(blocks), jnp.min(prior_diag)
-    else:
-        vectors, values = pieces
-        blocks = (PrecisionLowRank.from_eigenpairs(prior_diag, vectors, lik_weight * values),)
-        health = jnp.min(prior_diag)
+    blocks, health, precision = structures.structure(hessian).assemble(pieces, lik_weight, prior_diag)
     family = Gaussian(u, Subset(index, blocks, problem.num_params))
     theta, alpha = u[index], prior_diag / prior_weight
     log_prior = prior_weight * 0.5 * jnp.sum(jnp.log(alpha / (2 * math.pi)) - alpha * jnp.square(theta))
     log_lik = problem.log_terms(u).log_likelihood
     log_z = lik_weight * log_lik + log_prior + 0.5 * index.shape[0] * math.log(2 * math.pi) + 0.5 * family.cov.log_det()
     return family, log_z, health, precision
-
-
-def _one_precision(problem, delta: np.ndarray, start: int) -> None:
-    """K-FAC's eigen-decomposition needs the prior precision to be one number across a layer."""
-    if float(np.max(delta) - np.min(delta)) > 1e-9 * float(np.max(np.abs(delta))):
-        raise OptionError(
-            f"laplace: K-FAC needs one prior precision per layer, but the prior of the layer starting at "
-            f"{flat_names(problem)[start]} varies between {float(np.min(delta)):.4g} and {float(np.max(delta)):.4g} "
-            "(its weights and bias differ, e.g. a FanIn prior); pass prior_precision= per-layer numbers, or use "
-            "hessian='diag', 'lowrank' or 'full'"
-        )
 
 
 def _is_mask(subset) -> bool:
@@ -524,32 +466,3 @@ def _patterns(subset) -> tuple | None:
     if isinstance(subset, str):
         return None if subset in SUBSETS else (subset,)
     return None if _is_mask(subset) else tuple(subset)
-
-
-def _whole_layers(problem, index) -> bool:
-    """Whether the coordinates ``index`` are exactly some of the network's declared layers (K-FAC's
-    unit); False for a network without declared layers."""
-    if not problem.model.has_layers:
-        return False
-    covered = set()
-    chosen = set(np.asarray(index).tolist())
-    for start, rows, cols in curvature.layer_slices(problem):
-        if start in chosen:
-            covered.update(range(start, start + rows * cols))
-    return covered == chosen
-
-
-def _kronecker(A, G, weight, delta) -> Kronecker:
-    """One layer's K-FAC Gaussian from its factors, the likelihood weight and the prior precision."""
-    la, qa = jnp.linalg.eigh(0.5 * (A + A.T))
-    lg, qg = jnp.linalg.eigh(0.5 * (G + G.T))
-    precision = weight * jnp.maximum(la, 0.0)[:, None] * jnp.maximum(lg, 0.0)[None, :] + delta
-    return Kronecker(qa, qg, 1.0 / jnp.sqrt(precision))
-
-
-def _not_pd(rcond, precision, names):
-    try:
-        check_positive_definite(rcond, precision, names, advice="Use a Gaussian prior or a tighter one, or hessian='diag'")
-    except NotPositiveDefiniteError as error:
-        raise NotPositiveDefiniteError(str(error).replace("method 'exact'", "method 'laplace'")) from None
-    raise NotPositiveDefiniteError("method 'laplace': the posterior precision is not positive definite")

@@ -25,7 +25,7 @@ from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference.laplace import Laplace, centred_gaussian
+from ppl.inference.laplace import HESSIANS, Laplace, centred_gaussian
 from ppl.inference.optimize import mode_stationarity
 
 __all__ = ["MoLA"]
@@ -58,7 +58,7 @@ class MoLA(Method):
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "num_members", self.num_members)
-        check_choice(self.name, "hessian", self.hessian, ("auto", "full", "diag", "kfac", "lowrank"))
+        check_choice(self.name, "hessian", self.hessian, HESSIANS)
         object.__setattr__(self, "prior_precision", empirical_bayes.parse(self.name, self.prior_precision))
         check_choice(self.name, "init", self.init, ("prior", "uniform"))
         self._laplace()  # validates the shared options
