@@ -49,7 +49,7 @@ def names() -> tuple:
     return tuple(STRUCTURES)
 
 
-def structure(name: str) -> "Structure":
+def structure(name: str) -> Structure:
     """The structure registered as ``name`` (one shared instance: structures hold no state)."""
     if name not in _RESOLVED:
         if name not in STRUCTURES:

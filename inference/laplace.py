@@ -241,11 +241,11 @@ class Laplace(Method):
         # K-FAC holds factors for the covered layers only (a subset's other layers stay at the MAP)
         layers = curvature.free_layers(curvature.layer_slices(problem), index) if layered and index is not None else None
         size = structures.structure(hessian).memory_bytes(free, outputs, layers, self.rank, problem.init_params.dtype.itemsize)
-        return size, hessian, free, outputs, layered, layers
+        return size, hessian, free, outputs, layers
 
     def check_memory(self, problem) -> None:
         """Refuse, before computing anything, a curvature that would not fit in memory."""
-        size, hessian, free, outputs, layered, layers = self._memory(problem)
+        size, hessian, free, outputs, layers = self._memory(problem)
         if size > MEMORY_BUDGET_BYTES:
             # every other structure this problem can have that needs less, the cheapest last
             cheaper = sorted(
