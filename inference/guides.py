@@ -5,7 +5,17 @@ A guide is a frozen, hashable dataclass with two methods:
 * ``init(frame, key) -> params`` — variational parameters (a pytree) that start at ``frame``;
 * ``family(params)`` — the approximation those parameters describe, an object the rest of ppl
   already understands (a :class:`~ppl.inference._gaussian.Gaussian`, a ``PointMass`` or a
-  :class:`FlowFamily`): it samples, has ``log_prob`` (k-hat, IWAE), is saved and loaded.
+  :class:`FlowFamily`): it samples, has ``log_prob`` (k-hat, IWAE), is saved and loaded;
+
+and declares what ``svi`` needs to know of it (the :class:`Guide` base gives the defaults):
+``from_options`` (built from svi's options), ``has_density`` (False: a point, which takes the ELBO
+only and stores one draw), ``factorised`` (independent coordinates, as local reparameterisation
+needs), ``dense`` (what it holds as P × P arrays, for the memory refusal), ``remedy`` (the advice when
+its k-hat fails) and ``check`` (options it refuses for a model's size).
+
+The guides are registered by name in :data:`GUIDES` (name -> ``"module:Class"``, resolved on first
+use, as the method registry is): adding one is a class and one line there, and the tests that run
+every guide and objective enrol it.
 
 Every guide is written in the coordinates of a fixed affine **frame** u = shift + S·v, found once
 before training (``svi``'s ``init``; :class:`Frame`). Training moves the guide's own parameters in v,
@@ -20,6 +30,7 @@ composes with any objective.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,12 +38,13 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from ppl._errors import OptionError, did_you_mean
 from ppl.inference._flow import FlowFamily, flow_weights
 from ppl.inference._gaussian import Diagonal, Full, Gaussian, LowRankDiagonal, PointMass
 
 __all__ = [
-    "Frame", "MeanField", "LowRank", "FullRank", "Delta", "Flow", "FlowFamily", "Amortized", "WithLocal", "GUIDES",
-    "make_guide",
+    "Frame", "Guide", "MeanField", "LowRank", "FullRank", "Delta", "Flow", "FlowFamily", "Amortized", "WithLocal",
+    "GUIDES", "guide_class", "make_guide",
 ]
 
 INIT_SCALE = 0.1  # guide standard deviation without a curvature frame, as NumPyro's autoguides
@@ -69,11 +81,35 @@ def _frozen(params: dict, *names) -> tuple:
     return tuple(jax.lax.stop_gradient(params[name]) for name in names)
 
 
+class Guide:
+    """What every guide declares beside ``init`` and ``family``; the defaults suit a Gaussian
+    guide with a density, correlated coordinates and O(P) parameters."""
+
+    name = ""
+    has_density = True  # False: a point mass (ELBO only, one stored draw, no k-hat)
+    factorised = False  # True: independent coordinates (local reparameterisation needs it)
+    dense: str | None = None  # what it holds as P × P arrays (four copies while training), if any
+    remedy: str | None = None  # the advice when q misses the posterior (k-hat fails); None: the method's
+
+    @classmethod
+    def from_options(cls, *, rank: int, num_flows: int, hidden: int | None) -> Guide:
+        """The guide from ``svi``'s options (each takes the ones it has)."""
+        return cls()
+
+    def check(self, method: str, dim: int) -> None:
+        """Refuse, before any work, options this guide cannot serve for ``dim`` parameters."""
+
+
+_RICHER = "try guide='full_rank' (or 'flow'), or method='nuts'"
+
+
 @dataclass(frozen=True)
-class MeanField:
+class MeanField(Guide):
     """N(μ, diag(σ²)); in the frame μ = shift + s·m, σ = s·exp(ρ), starting at m = 0, ρ = 0."""
 
     name = "mean_field"
+    factorised = True
+    remedy = f"the mean_field guide is far from the posterior: {_RICHER}"
 
     def init(self, frame: Frame, key) -> dict:
         zeros = jnp.zeros_like(frame.shift)
@@ -85,11 +121,16 @@ class MeanField:
 
 
 @dataclass(frozen=True)
-class LowRank:
+class LowRank(Guide):
     """N(μ, diag(σ²) + W Wᵀ), W of shape (P, rank), all scaled by the frame's diagonal."""
 
     rank: int = 10
     name = "low_rank"
+    remedy = f"the low_rank guide is far from the posterior: {_RICHER}"
+
+    @classmethod
+    def from_options(cls, *, rank, num_flows, hidden):
+        return cls(rank)
 
     def init(self, frame: Frame, key) -> dict:
         zeros = jnp.zeros_like(frame.shift)
@@ -107,10 +148,12 @@ class LowRank:
 
 
 @dataclass(frozen=True)
-class FullRank:
+class FullRank(Guide):
     """N(μ, L Lᵀ); in the frame μ = shift + S m and L = S L', L' lower triangular (exp diagonal)."""
 
     name = "full_rank"
+    dense = "a full-rank guide"
+    remedy = "a Gaussian guide is far from the posterior: try guide='flow', or method='nuts'"
 
     def init(self, frame: Frame, key) -> dict:
         dim = frame.shift.shape[0]
@@ -126,10 +169,11 @@ class FullRank:
 
 
 @dataclass(frozen=True)
-class Delta:
+class Delta(Guide):
     """A point mass at shift + s·m: MAP by SVI's optimiser (no density)."""
 
     name = "delta"
+    has_density = False
 
     def init(self, frame: Frame, key) -> dict:
         return {"shift": frame.shift, "frame_scale": frame.scale, "loc": jnp.zeros_like(frame.shift)}
@@ -140,12 +184,24 @@ class Delta:
 
 
 @dataclass(frozen=True)
-class Flow:
+class Flow(Guide):
     """Inverse autoregressive flow guide: ``num_flows`` MADE networks with hidden widths ``hidden``."""
 
     num_flows: int = 2
     hidden: tuple = ()
     name = "flow"
+    dense = "a flow guide's frame"
+
+    @classmethod
+    def from_options(cls, *, rank, num_flows, hidden):
+        return cls(num_flows, () if hidden is None else (int(hidden), int(hidden)))
+
+    def check(self, method, dim):
+        if self.hidden and self.hidden[0] < dim:
+            raise OptionError(
+                f"{method}: a flow's autoregressive network needs flow_hidden ≥ the number of parameters ({dim}); got "
+                f"flow_hidden={self.hidden[0]} — raise it or leave it None (2 × parameters)"
+            )
 
     def widths(self, dim: int) -> tuple:
         # A MADE layer narrower than its input cannot connect every output: at least the dimension.
@@ -162,20 +218,27 @@ class Flow:
         return FlowFamily(shift, S, params["weights"], self.widths(shift.shape[0]))
 
 
-GUIDES = ("mean_field", "low_rank", "full_rank", "delta", "flow")
+# name -> "module:Class", resolved on first use
+GUIDES = {
+    "mean_field": "ppl.inference.guides:MeanField",
+    "low_rank": "ppl.inference.guides:LowRank",
+    "full_rank": "ppl.inference.guides:FullRank",
+    "delta": "ppl.inference.guides:Delta",
+    "flow": "ppl.inference.guides:Flow",
+}
 
 
-def make_guide(name: str, *, rank: int = 10, num_flows: int = 2, hidden: int | None = None):
-    """The guide object registered as ``name`` (the ``svi`` options pick it)."""
-    if name == "mean_field":
-        return MeanField()
-    if name == "low_rank":
-        return LowRank(rank)
-    if name == "full_rank":
-        return FullRank()
-    if name == "delta":
-        return Delta()
-    return Flow(num_flows, () if hidden is None else (int(hidden), int(hidden)))
+def guide_class(name: str) -> type:
+    """The guide class registered as ``name``."""
+    if name not in GUIDES:
+        raise OptionError(f"unknown guide {name!r}{did_you_mean(name, GUIDES)}; valid guides: {', '.join(GUIDES)}")
+    module, cls = GUIDES[name].split(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def make_guide(name: str, *, rank: int = 10, num_flows: int = 2, hidden: int | None = None) -> Guide:
+    """The guide registered as ``name``, built from the ``svi`` options."""
+    return guide_class(name).from_options(rank=rank, num_flows=num_flows, hidden=hidden)
 
 
 # -- local latents ------------------------------------------------------------------------------------

@@ -56,7 +56,7 @@ from ppl.inference._base import (
     check_stored_draws,
 )
 from ppl.inference._gaussian import draw
-from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, make_guide
+from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, guide_class, make_guide
 from ppl.inference.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
 from ppl.inference.optimize import (
     INITS,
@@ -240,15 +240,13 @@ class SVI(Method):
     @classmethod
     def remedy(cls, posterior, topic):
         guide = posterior.info.get("guide")
-        if topic == "fit" and guide in ("mean_field", "low_rank"):
-            return f"the {guide} guide is far from the posterior: try guide='full_rank' (or 'flow'), or method='nuts'"
-        if topic == "fit" and guide == "full_rank":
-            return "a Gaussian guide is far from the posterior: try guide='flow', or method='nuts'"
+        if topic == "fit" and guide in GUIDES and guide_class(guide).remedy:
+            return guide_class(guide).remedy
         return super().remedy(posterior, topic)
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice(self.name, "guide", self.guide, ("auto",) + GUIDES)
+        check_choice(self.name, "guide", self.guide, ("auto", *GUIDES))
         check_choice(self.name, "objective", self.objective, OBJECTIVES)
         check_choice(self.name, "schedule", self.schedule, ("constant", "cosine"))
         if not isinstance(self.init, Posterior):
@@ -270,7 +268,7 @@ class SVI(Method):
                 f"svi: kl_warmup={self.kl_warmup} is longer than training (steps={self.steps}): the prior/KL "
                 "side would never reach its full weight; use kl_warmup ≤ steps"
             )
-        if self.local_reparam and self.guide not in ("auto", "mean_field"):
+        if self.local_reparam and self.guide != "auto" and not guide_class(self.guide).factorised:
             raise OptionError(
                 f"svi: local_reparam=True samples pre-activations from independent Gaussian weights, which "
                 f"needs guide='mean_field', not {self.guide!r}"
@@ -322,7 +320,8 @@ class SVI(Method):
         return Renyi(**shared, alpha=self.alpha)
 
     def stored_draws(self) -> int:
-        return 1 if self.guide == "delta" else self.num_draws  # "auto" may pick delta: then fewer
+        # "auto" may pick a point (delta) for a VAE: then fewer
+        return self.num_draws if self.guide == "auto" or guide_class(self.guide).has_density else 1
 
     def starting_frame(self, problem, key):
         if not problem.local_sites:
@@ -338,9 +337,10 @@ class SVI(Method):
         check_batch_size(self.batch_size, problem.num_data)
         if isinstance(self.init, Posterior):
             check_init_posterior(self.name, self.init, problem, "a fitted Posterior of this model")
-        if self.global_guide_name(problem) == "delta" and self.objective != "elbo" and not problem.local_sites:
+        guide = guide_class(self.global_guide_name(problem))
+        if not guide.has_density and self.objective != "elbo" and not problem.local_sites:
             raise OptionError(
-                f"svi: a delta guide has no density, so objective={self.objective!r} (which weighs draws by "
+                f"svi: a {guide.name} guide has no density, so objective={self.objective!r} (which weighs draws by "
                 "p/q) is undefined; use objective='elbo' (MAP) or a guide with a density"
             )
         if self.local_reparam:
@@ -355,7 +355,7 @@ class SVI(Method):
                     f"{type(problem.model).__name__} is not a stack of dense layers (no declared dense structure) — "
                     "drop local_reparam"
                 )
-            if self.global_guide_name(problem) != "mean_field":
+            if not guide.factorised:
                 raise OptionError("svi: local_reparam=True needs guide='mean_field'")
         if problem.local_sites:
             if not hasattr(problem.model, "encoder"):
@@ -364,7 +364,7 @@ class SVI(Method):
                     "encoder to amortise them; use ppl.models.VAE or give the model an encoder(data_dim) method"
                 )
             flat_decoder = not getattr(problem.model, "bayesian_decoder", True)
-            if flat_decoder and self.global_guide_name(problem) != "delta":
+            if flat_decoder and guide.has_density:
                 raise OptionError(
                     f"svi: guide={self.guide!r} puts a distribution over the decoder's weights, but this VAE gives "
                     "them a flat prior (they are point-estimated, guide='delta'); use VAE(bayesian_decoder=True) "
@@ -375,18 +375,14 @@ class SVI(Method):
         # Each step draws num_particles parameter vectors and keeps them for the gradient.
         check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, dim, itemsize)
         dense_start = (self.init == "map" or isinstance(self.init, Posterior)) and dim <= DENSE_FRAME_MAX
-        if self.guide in ("full_rank", "flow") or dense_start:
+        chosen = make_guide(guide.name, rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden)
+        if chosen.dense or dense_start:
             # The factor (or frame), Adam's two moments and its gradient: four P × P arrays.
-            what = {"full_rank": "a full-rank guide", "flow": "a flow guide's frame"}.get(self.guide, "the Hessian frame of init='map'")
             check_dense_matrix(
-                self.name, what, dim, itemsize, copies=4,
+                self.name, chosen.dense or "the Hessian frame of init='map'", dim, itemsize, copies=4,
                 alternatives="guide='low_rank' (rank=...) or 'mean_field'",
             )
-        if self.guide == "flow" and self.flow_hidden is not None and self.flow_hidden < dim:
-            raise OptionError(
-                f"svi: a flow's autoregressive network needs flow_hidden ≥ the number of parameters ({dim}); got "
-                f"flow_hidden={self.flow_hidden} — raise it or leave it None (2 × parameters)"
-            )
+        chosen.check(self.name, dim)
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
@@ -411,7 +407,7 @@ class SVI(Method):
         guide = self.guide_object(problem)
         start = guide.init(frame, factor_key)
         objective = GuideLoss(guide, self.objective_object(problem))
-        delta = self.global_guide_name(problem) == "delta" and not problem.local_sites
+        delta = not guide_class(self.global_guide_name(problem)).has_density and not problem.local_sites
         config = OptimizerConfig("adam", int(self.steps), self.schedule, self.batch_size,
                                  max_steps=budget_of(self.steps, self.max_steps))
 
