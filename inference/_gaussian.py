@@ -47,6 +47,12 @@ class Diagonal:
     """Σ = diag(scale²)."""
 
     kind = "diagonal"
+    fields = ("scale",)
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        """The coordinates a saved operator covers, after checking its arrays (ValueError if not)."""
+        return _positive_vector(arrays["scale"], "scale")
 
     def __init__(self, scale):
         self.scale = scale
@@ -91,6 +97,15 @@ class LowRankDiagonal:
     """Σ = diag(diag_scale²) + factor factorᵀ, factor of shape (P, r)."""
 
     kind = "low_rank"
+    fields = ("factor", "diag_scale")
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        size = _positive_vector(arrays["diag_scale"], "diag_scale")
+        factor = np.asarray(arrays["factor"])
+        if factor.ndim != 2 or factor.shape[0] != size:
+            raise ValueError(f"array 'factor' has shape {list(factor.shape)}; expected [{size}, rank]")
+        return size
 
     def __init__(self, factor, diag_scale):
         self.factor = factor
@@ -156,6 +171,16 @@ class Full:
     """Σ = L Lᵀ, ``scale_tril`` lower triangular with a positive diagonal."""
 
     kind = "full"
+    fields = ("scale_tril",)
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        tril = np.asarray(arrays["scale_tril"])
+        size = tril.shape[0] if tril.ndim == 2 else -1
+        _shape(tril, (size, size), "scale_tril")
+        if np.any(np.triu(tril, 1) != 0) or not np.all(np.diag(tril) > 0):
+            raise ValueError("array 'scale_tril' must be lower triangular with a positive diagonal")
+        return size
 
     def __init__(self, scale_tril):
         self.scale_tril = scale_tril
@@ -207,6 +232,21 @@ class Kronecker:
     """
 
     kind = "kronecker"
+    fields = ("qa", "qg", "scale")
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        qa, qg, scale = (np.asarray(arrays[k]) for k in ("qa", "qg", "scale"))
+        if scale.ndim != 2:
+            raise ValueError(f"array 'scale' has shape {list(scale.shape)}; expected [fan_in + 1, fan_out]")
+        _shape(qa, (scale.shape[0],) * 2, "qa")
+        _shape(qg, (scale.shape[1],) * 2, "qg")
+        for name, q in (("qa", qa), ("qg", qg)):
+            if not np.allclose(q.T @ q, np.eye(q.shape[0]), atol=1e-6 * max(1, q.shape[0])):
+                raise ValueError(f"array {name!r} is not an orthonormal eigenbasis")
+        if not np.all(scale > 0):
+            raise ValueError("array 'scale' must be positive")
+        return scale.size
 
     def __init__(self, qa, qg, scale):
         self.qa, self.qg, self.scale = qa, qg, scale
@@ -267,6 +307,18 @@ class PrecisionLowRank:
     """
 
     kind = "precision_low_rank"
+    fields = ("inv_sqrt_d", "basis", "coef")
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        size = _positive_vector(arrays["inv_sqrt_d"], "inv_sqrt_d")
+        basis, coef = np.asarray(arrays["basis"]), np.asarray(arrays["coef"])
+        if basis.ndim != 2 or basis.shape[0] != size:
+            raise ValueError(f"array 'basis' has shape {list(basis.shape)}; expected [{size}, rank]")
+        _shape(coef, (basis.shape[1],), "coef")
+        if not (np.all(coef <= 0) and np.all(coef > -1)):
+            raise ValueError("array 'coef' must lie in (-1, 0]")
+        return size
 
     def __init__(self, inv_sqrt_d, basis, coef):
         self.inv_sqrt_d, self.basis, self.coef = inv_sqrt_d, basis, coef
@@ -623,10 +675,6 @@ def stored_draws_mismatch(family, flat) -> str | None:
     return None
 
 
-_FIELDS = {
-    "diagonal": ("scale",), "low_rank": ("factor", "diag_scale"), "full": ("scale_tril",),
-    "kronecker": ("qa", "qg", "scale"), "precision_low_rank": ("inv_sqrt_d", "basis", "coef"),
-}
 MAX_MIXTURE_COMPONENTS = 1000
 
 
@@ -647,52 +695,29 @@ def _shape(value, want: tuple, name: str) -> None:
         raise ValueError(f"array {name!r} has shape {list(np.shape(value))}; expected {list(want)}")
 
 
+def _positive_vector(value, name: str) -> int:
+    """The length of a saved vector of positive scales (ValueError if it is not one)."""
+    value = np.asarray(value)
+    size = value.shape[0] if value.ndim == 1 else -1
+    _shape(value, (size,), name)
+    if not np.all(value > 0):
+        raise ValueError(f"array {name!r} must be positive")
+    return size
+
+
 def _operator_from_arrays(kind: str, arrays: dict, dim: int | None):
-    """One covariance operator of ``kind`` from its arrays, every shape and value checked."""
-    if kind not in _FIELDS:
-        raise ValueError(f"unknown covariance operator {kind!r}; known: {', '.join(_FIELDS)}")
-    if set(arrays) != set(_FIELDS[kind]):
-        raise ValueError(f"a {kind!r} operator needs arrays {_FIELDS[kind]}, got {sorted(arrays)}")
+    """One covariance operator of ``kind`` from its arrays: the names here, every shape and value
+    by the operator's own ``check_arrays``."""
+    if kind not in _OPERATORS:
+        raise ValueError(f"unknown covariance operator {kind!r}; known: {', '.join(_OPERATORS)}")
+    operator = _OPERATORS[kind]
+    if set(arrays) != set(operator.fields):
+        raise ValueError(f"a {kind!r} operator needs arrays {operator.fields}, got {sorted(arrays)}")
     _check_finite(arrays)
-    if kind == "kronecker":
-        qa, qg, scale = (np.asarray(arrays[k]) for k in ("qa", "qg", "scale"))
-        if scale.ndim != 2:
-            raise ValueError(f"array 'scale' has shape {list(scale.shape)}; expected [fan_in + 1, fan_out]")
-        _shape(qa, (scale.shape[0],) * 2, "qa")
-        _shape(qg, (scale.shape[1],) * 2, "qg")
-        for name, q in (("qa", qa), ("qg", qg)):
-            if not np.allclose(q.T @ q, np.eye(q.shape[0]), atol=1e-6 * max(1, q.shape[0])):
-                raise ValueError(f"array {name!r} is not an orthonormal eigenbasis")
-        size = scale.size
-    elif kind == "precision_low_rank":
-        a, basis, coef = (np.asarray(arrays[k]) for k in ("inv_sqrt_d", "basis", "coef"))
-        size = a.shape[0] if a.ndim == 1 else -1
-        if basis.ndim != 2 or basis.shape[0] != size:
-            raise ValueError(f"array 'basis' has shape {list(basis.shape)}; expected [{size}, rank]")
-        _shape(coef, (basis.shape[1],), "coef")
-        if not (np.all(coef <= 0) and np.all(coef > -1)):
-            raise ValueError("array 'coef' must lie in (-1, 0]")
-        scale = a
-    elif kind == "full":
-        tril = np.asarray(arrays["scale_tril"])
-        size = tril.shape[0] if tril.ndim == 2 else -1
-        _shape(tril, (size, size), "scale_tril")
-        if np.any(np.triu(tril, 1) != 0) or not np.all(np.diag(tril) > 0):
-            raise ValueError("array 'scale_tril' must be lower triangular with a positive diagonal")
-        scale = np.diag(tril)
-    else:
-        scale = np.asarray(arrays["scale" if kind == "diagonal" else "diag_scale"])
-        size = scale.shape[0] if scale.ndim == 1 else -1
-        _shape(scale, (size,), "scale" if kind == "diagonal" else "diag_scale")
-        if kind == "low_rank":
-            factor = np.asarray(arrays["factor"])
-            if factor.ndim != 2 or factor.shape[0] != size:
-                raise ValueError(f"array 'factor' has shape {list(factor.shape)}; expected [{size}, rank]")
-    if not np.all(scale > 0):
-        raise ValueError(f"the {kind!r} operator's scales must be positive")
+    size = operator.check_arrays(arrays)
     if dim is not None and size != dim:
         raise ValueError(f"a {kind!r} operator over {size} coordinates where {dim} were expected")
-    return _OPERATORS[kind](**{k: jnp.asarray(v) for k, v in arrays.items()})
+    return operator(**{k: jnp.asarray(v) for k, v in arrays.items()})
 
 
 def _subset_from_arrays(kinds: str, arrays: dict, dim: int):
@@ -705,7 +730,7 @@ def _subset_from_arrays(kinds: str, arrays: dict, dim: int):
     if not 1 <= len(names) <= 10_000:
         raise ValueError(f"a subset has between 1 and 10000 blocks, not {len(names)}")
     blocks = [_operator_from_arrays(k, _prefixed(arrays, f"b{i}_"), None) for i, k in enumerate(names)]
-    known = {"index"} | {f"b{i}_{k}" for i, k in enumerate(names) for k in _FIELDS[k]}
+    known = {"index"} | {f"b{i}_{field}" for i, k in enumerate(names) for field in _OPERATORS[k].fields}
     if set(arrays) != known:
         raise ValueError(f"unexpected arrays for a subset: {sorted(set(arrays) - known)}")
     if sum(b.dim for b in blocks) != index.size:
