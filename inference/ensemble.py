@@ -29,10 +29,10 @@ from ppl._posterior import Posterior
 from ppl.inference._base import check_positive_int
 from ppl.inference.map import MAP
 from ppl.inference.optimize import (
-    NegativeLogJoint, full_gradient, has_moved, gradient_evidence, minimize, round_convergence,
+    NegativeLogJoint, OptimizerConfig, full_gradient, gradient_evidence, has_moved, minimize, round_convergence,
 )
 
-__all__ = ["Ensemble", "member_keys"]
+__all__ = ["Ensemble", "member_keys", "train_members", "members_record"]
 
 
 def member_keys(key, num_members: int) -> jax.Array:
@@ -67,40 +67,50 @@ class Ensemble(MAP):
         self.check(problem)
         # one tuning of the prior and noise scale (prior_precision), shared by the members: member 0 stays the map run
         problem, tuned = self.target(key, problem)
-        keys = member_keys(key, self.num_members)
-        # As map does for its one run: split each member's key into its initial point and its steps.
-        split = jax.vmap(jax.random.split)(keys)
-        init_keys, run_keys = split[:, 0], split[:, 1]
-        starts = jnp.stack([problem.init_position(k, self.init) for k in init_keys])
-        config = self.config()
-        objective = NegativeLogJoint()
-        start_norms = [float(full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(self.num_members)]
+        return train_members(key, problem, self.config(), num_members=self.num_members,
+                             learning_rate=self.learning_rate, init=self.init, session=session, info=tuned)
 
-        def judge_members(params, losses, stopped):
-            # A member that settled was frozen at that step: it is judged on its run up to there.
-            return [round_convergence(
-                losses[m, : stopped[m] or losses.shape[-1]], self.steps, config.budget,
-                moved=has_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
-                **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
-            ) for m in range(self.num_members)]
 
-        def build(params, losses, stopped):
-            judged = judge_members(params, losses, stopped)
-            return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=params[:, None, :],
-                **members_record(judged, losses), info={"optimizer": config.optimizer, **tuned},
-            )
+def train_members(key, problem, config: OptimizerConfig, *, num_members: int, learning_rate: float = 0.01,
+                  init: str = "prior", session: Session | None = None, info: dict | None = None) -> Posterior:
+    """The ``ensemble`` method's run on ``problem`` as given (its prior already chosen): M MAP
+    searches under ``config`` from starts drawn by ``init``, trained as one program, each until it
+    settles or the budget is spent; a ``members`` Posterior (member m's mode at ``flat_draws[m, 0]``)
+    whose ``info`` adds ``info``. Member 0 is :func:`~ppl.inference.optimize.fit_mode`'s run with
+    the same key. Methods that start from several modes (MoLA, MultiSWAG, SG-MCMC's anchors) call it."""
+    keys = member_keys(key, num_members)
+    # As map does for its one run: split each member's key into its initial point and its steps.
+    split = jax.vmap(jax.random.split)(keys)
+    init_keys, run_keys = split[:, 0], split[:, 1]
+    starts = jnp.stack([problem.init_position(k, init) for k in init_keys])
+    objective = NegativeLogJoint()
+    start_norms = [float(full_gradient(objective, problem, starts[m], run_keys[m])[1]) for m in range(num_members)]
 
-        result = minimize(
-            objective, config, problem, starts, run_keys, learning_rate=self.learning_rate, label="ensemble",
-            session=session, build=build, members=self.num_members,
-            judge=lambda params, losses, stopped: [
-                status.converged and not status.interrupted for status, _ in judge_members(params, losses, stopped)
-            ],
+    def judge_members(params, losses, stopped):
+        # A member that settled was frozen at that step: it is judged on its run up to there.
+        return [round_convergence(
+            losses[m, : stopped[m] or losses.shape[-1]], config.steps, config.budget,
+            moved=has_moved(starts[m], params[m]), stochastic=config.batch_size is not None,
+            **gradient_evidence(objective, problem, params[m], run_keys[m], start_norms[m]),
+        ) for m in range(num_members)]
+
+    def build(params, losses, stopped):
+        judged = judge_members(params, losses, stopped)
+        return Posterior(
+            method=Ensemble.name, kind=Ensemble.kind, problem=problem, flat_draws=params[:, None, :],
+            **members_record(judged, losses), info={"optimizer": config.optimizer, **(info or {})},
         )
-        posterior = build(result.params, result.losses, result.stopped)
-        posterior.resume_state = result.resume_state
-        return posterior
+
+    result = minimize(
+        objective, config, problem, starts, run_keys, learning_rate=learning_rate, label="ensemble",
+        session=session, build=build, members=num_members,
+        judge=lambda params, losses, stopped: [
+            status.converged and not status.interrupted for status, _ in judge_members(params, losses, stopped)
+        ],
+    )
+    posterior = build(result.params, result.losses, result.stopped)
+    posterior.resume_state = result.resume_state
+    return posterior
 
 
 def members_record(judged: list, losses) -> dict:

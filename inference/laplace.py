@@ -52,9 +52,9 @@ from ppl.inference._base import (
 )
 from ppl.inference._gaussian import Full, Gaussian, Subset, draw
 from ppl.inference.exact import factor_precision, flat_names
-from ppl.inference.map import MAP
 from ppl.inference.optimize import (
-    INITS, NegativeLogDensity, NegativeLogJoint, OptimizerConfig, full_gradient, minimize, mode_stationarity,
+    INITS, NegativeLogDensity, NegativeLogJoint, OptimizerConfig, fit_mode, full_gradient, minimize, mode_config,
+    mode_stationarity,
 )
 
 __all__ = ["Laplace", "HESSIANS", "SUBSETS"]
@@ -319,9 +319,9 @@ class Laplace(Method):
             )
             status, _, info = mode_stationarity(problem, result.params, key, start, "L-BFGS", density=True)
             return result.params, status, TrainingTrace(losses=np.asarray(result.losses)), info
-        finder = MAP(steps=self.steps, learning_rate=self.learning_rate, batch_size=self.batch_size, init=self.init,
-                     prior_precision=None)  # the prior was settled above: the target is the model to fit
-        found = finder.run(key, problem)
+        # the prior was settled above: the target is the model to fit
+        found = fit_mode(key, problem, mode_config(self.steps, self.batch_size), learning_rate=self.learning_rate,
+                         init=self.init)
         u = found.approximation.loc
         # An interrupted search (Ctrl-C) is recorded in the status: the diagnostics then fail the result.
         status = found.status

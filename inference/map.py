@@ -15,7 +15,7 @@ from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference.optimize import INITS, OPTIMIZERS, OptimizerConfig, budget_of, check_budget, fit_mode
+from ppl.inference.optimize import INITS, OPTIMIZERS, OptimizerConfig, budget_of, check_budget, fit_mode, mode_config
 
 __all__ = ["MAP"]
 
@@ -74,10 +74,7 @@ class MAP(Method):
         return empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps, init=self.init)
 
     def config(self) -> OptimizerConfig:
-        optimizer = self.optimizer
-        if optimizer == "auto":
-            optimizer = "adam" if self.batch_size is not None else "lbfgs"
-        return OptimizerConfig(optimizer, int(self.steps), "cosine", self.batch_size, max_steps=self.budget())
+        return mode_config(self.steps, self.batch_size, self.optimizer, self.max_steps)
 
     def budget(self) -> int:
         return budget_of(self.steps, self.max_steps)

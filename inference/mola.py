@@ -23,10 +23,10 @@ from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import Method, check_choice, check_positive_int
 from ppl.inference._gaussian import Mixture, draw
-from ppl.inference.ensemble import Ensemble, member_keys
+from ppl.inference.ensemble import member_keys, train_members
 from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference.laplace import HESSIANS, Laplace, centred_gaussian
-from ppl.inference.optimize import mode_stationarity
+from ppl.inference.optimize import mode_config, mode_stationarity
 
 __all__ = ["MoLA"]
 
@@ -85,9 +85,8 @@ class MoLA(Method):
         target, tuned = empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps,
                                                 init=self.init)
         start_key, curve_key, draw_key = jax.random.split(key, 3)
-        members = Ensemble(num_members=self.num_members, steps=self.steps, optimizer="lbfgs", init=self.init,
-                           prior_precision=None)
-        found = members.run(start_key, target)
+        found = train_members(start_key, target, mode_config(self.steps, optimizer="lbfgs"),
+                              num_members=self.num_members, init=self.init)
         modes = found.flat_draws[:, 0]
         keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)

@@ -32,7 +32,7 @@ from ppl.inference._gaussian import PointMass, from_arrays
 from ppl.inference._loop import Loop, drive
 
 __all__ = [
-    "OptimizerConfig", "Minimized", "minimize", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
+    "OptimizerConfig", "Minimized", "minimize", "mode_config", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
     "NegativeLogJoint",
 ]
 
@@ -824,6 +824,15 @@ def mode_stationarity(problem, u, key, start, how: str, density: bool = False) -
             "non-stationary point"
         ))
     return status, None, {"map_gradient_norm": evidence["gradient"][1]}
+
+
+def mode_config(steps: int, batch_size: int | None = None, optimizer: str = "auto",
+                max_steps: int | None = None) -> OptimizerConfig:
+    """The ``map`` method's optimiser settings: ``optimizer="auto"`` is L-BFGS on full-batch data
+    and Adam on minibatches, with a cosine schedule, in rounds of ``steps`` within ``max_steps``."""
+    if optimizer == "auto":
+        optimizer = "adam" if batch_size is not None else "lbfgs"
+    return OptimizerConfig(optimizer, int(steps), "cosine", batch_size, max_steps=budget_of(steps, max_steps))
 
 
 def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.01, init: str = "prior",

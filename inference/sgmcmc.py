@@ -62,8 +62,8 @@ from ppl.inference._base import Method, check_choice, check_positive, check_posi
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
 from ppl.inference._loop import SamplerLoop, drive
-from ppl.inference.ensemble import Ensemble
-from ppl.inference.optimize import INITS, minibatch_indices
+from ppl.inference.ensemble import train_members
+from ppl.inference.optimize import INITS, minibatch_indices, mode_config
 
 __all__ = ["SGLD", "SGHMC", "CyclicalSGLD", "Whitening", "whitening", "curvature_scale"]
 
@@ -79,6 +79,7 @@ EXPLORATION_CAP = 1.0  # the largest ε λ (1 + r) at the top of a cyclical SGLD
 DRAWS_PER_CYCLE = 5  # cyclical SGLD's default: every cycle ends in 5 stored draws (see docs/methods/sgmcmc.md)
 NOISE_SHARE = 0.1  # the variance inflation the automatic SGHMC step allows the gradient noise
 ANCHOR_STREAM = 17  # the key stream (of the chains' starts) of the control variates' MAP runs
+ANCHOR_STEPS = 2000  # L-BFGS iterations per round of those MAP runs (map's default)
 
 
 class Whitening(NamedTuple):
@@ -643,9 +644,9 @@ class _SGMCMC(WhitenedChains):
         if session.resumed_phase() == "chains":  # the checkpoint holds the anchors
             info = _restored_anchor_info(session.resume.progress)
             return _Anchors(None, None, info), session.phase("chains", **info)
-        fit = Ensemble(num_members=self.num_chains, init=self.init, prior_precision=None).run(
-            jax.random.fold_in(_streams(key)[0], ANCHOR_STREAM), problem,
-            session=session.phase("anchors", partial_results=False))
+        fit = train_members(
+            jax.random.fold_in(_streams(key)[0], ANCHOR_STREAM), problem, mode_config(ANCHOR_STEPS),
+            num_members=self.num_chains, init=self.init, session=session.phase("anchors", partial_results=False))
         if fit.status.interrupted:
             raise Interrupted(
                 f"{self.name}: interrupted while finding the chains' anchors (their MAP runs), after "

@@ -41,9 +41,8 @@ from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
-from ppl.inference.ensemble import Ensemble, member_keys
-from ppl.inference.map import MAP
-from ppl.inference.optimize import INITS, OptimizerConfig, minimize, select
+from ppl.inference.ensemble import member_keys, train_members
+from ppl.inference.optimize import INITS, OptimizerConfig, fit_mode, minimize, mode_config, select
 
 SHARPNESS_ITERATIONS = 30  # power iterations behind the learning-rate cap
 
@@ -227,7 +226,7 @@ class SWAG(Method):
         """(the SGD phase's start, a record of the pre-training), pre-training under ``session``."""
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.approximation.loc, problem.init_params.dtype), {}
-        found = MAP(steps=self.steps, init=self.init, prior_precision=None).run(key, problem, session=session)
+        found = fit_mode(key, problem, mode_config(self.steps), init=self.init, session=session)
         return self._pretrained(found, found.approximation.loc)
 
     def _pretrained(self, found: Posterior, starts) -> tuple:
@@ -339,8 +338,8 @@ class MultiSWAG(SWAG):
     def _starts(self, key, problem, session: Session) -> tuple:
         if isinstance(self.init, Posterior):
             return jnp.asarray(self.init.flat_draws[:, 0], problem.init_params.dtype), {}
-        found = Ensemble(num_members=self.num_members, steps=self.steps, init=self.init, prior_precision=None).run(
-            key, problem, session=session)
+        found = train_members(key, problem, mode_config(self.steps), num_members=self.num_members, init=self.init,
+                              session=session)
         return self._pretrained(found, found.flat_draws[:, 0])
 
     def _family(self, moments: SwagState, rank: int, scales: tuple):
