@@ -20,7 +20,7 @@ about 9 s, a second 0.25 s), and which fits share compiled programs depends on t
 run in, so every fit is repeated with the same options and seed and the second run is timed; the
 first run's time, compilation included, is reported beside it. Writes ``method_comparison.png`` and
 ``method_comparison_table.md`` to ``--out``; ``--quick`` is a small instance (a shorter reference and
-five methods) for the tests.
+six methods) for the tests.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from ppl.models import BNN
 MODEL = BNN(hidden=(8,), activation="tanh", likelihood="bernoulli")
 REFERENCE = {"num_chains": 4, "num_warmup": 1000, "num_samples": 4000}
 QUICK_REFERENCE = {"num_chains": 2, "num_warmup": 500, "num_samples": 1000}
-QUICK_METHODS = ["map", "laplace", "svi", "ensemble", "swag"]
+QUICK_METHODS = ["map", "laplace", "svi", "ivon", "ensemble", "swag"]
 
 
 def registered_methods() -> list[str]:

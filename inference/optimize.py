@@ -48,7 +48,9 @@ GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
 class OptimizerConfig:
     """Static description of an optimisation run (hashable: it keys the compilation cache)."""
 
-    optimizer: str  # "adam", "lbfgs" or "sgd" (momentum 0.9; SWAG's trajectory)
+    # "adam", "lbfgs" or "sgd" (momentum 0.9; SWAG's trajectory), or a hashable rule object whose
+    # ``build(rate)`` gives an optax transformation called as ``update(grads, state, params)`` (IVON's)
+    optimizer: object
     steps: int  # one round: the schedule's length, and the steps between convergence checks
     schedule: str = "cosine"  # "cosine" (decay over the run), "constant", or "cyclic" (cosine per cycle)
     batch_size: int | None = None
@@ -87,6 +89,8 @@ class OptimizerConfig:
             rate = learning_rate
         if self.optimizer == "sgd":
             return optax.sgd(rate, momentum=0.9)
+        if not isinstance(self.optimizer, str):
+            return self.optimizer.build(rate)
         return optax.adam(rate)
 
 

@@ -19,6 +19,7 @@ METHODS = {
     "nuts": "ppl.inference.mcmc:NUTS",
     "hmc": "ppl.inference.mcmc:HMC",
     "svi": "ppl.inference.svi:SVI",
+    "ivon": "ppl.inference.ivon:IVON",
     "laplace": "ppl.inference.laplace:Laplace",
     "mola": "ppl.inference.mola:MoLA",
     "ensemble": "ppl.inference.ensemble:Ensemble",
