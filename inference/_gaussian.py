@@ -35,7 +35,8 @@ from jax.scipy.linalg import solve_triangular
 from ppl.inference._flow import flow_from_arrays
 
 __all__ = [
-    "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "PrecisionLowRank", "Subset", "Mixture",
+    "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "KroneckerFactors", "PrecisionLowRank", "Subset",
+    "Mixture",
     "PointMass", "from_arrays", "draw", "stored_draws_mismatch",
 ]
 
@@ -381,6 +382,81 @@ class PrecisionLowRank:
 
 
 @jax.tree_util.register_pytree_node_class
+class KroneckerFactors:
+    """A matrix-normal Gaussian over one weight matrix (a × g, flattened row by row): Σ = U ⊗ V with
+    U = L_a L_aᵀ (between rows) and V = L_g L_gᵀ (between columns), L_a and L_g lower triangular with
+    a positive diagonal. Σ^(1/2) ε = vec(L_a E L_gᵀ): a² + g² numbers stand for the (a·g)² of Σ.
+    """
+
+    kind = "kronecker_factors"
+    fields = ("la", "lg")
+
+    @staticmethod
+    def check_arrays(arrays: dict) -> int:
+        sizes = []
+        for name in ("la", "lg"):
+            factor = np.asarray(arrays[name])
+            size = factor.shape[0] if factor.ndim == 2 else -1
+            _shape(factor, (size, size), name)
+            if np.any(np.triu(factor, 1) != 0) or not np.all(np.diag(factor) > 0):
+                raise ValueError(f"array {name!r} must be lower triangular with a positive diagonal")
+            sizes.append(size)
+        return sizes[0] * sizes[1]
+
+    def __init__(self, la, lg):
+        self.la, self.lg = la, lg
+
+    def tree_flatten(self):
+        return (self.la, self.lg), None
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        return cls(*children)
+
+    @property
+    def shape(self) -> tuple:
+        return self.la.shape[0], self.lg.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return self.shape[0] * self.shape[1]
+
+    @property
+    def noise_dim(self) -> int:
+        return self.dim
+
+    def _grid(self, x):
+        return jnp.reshape(x, (*x.shape[:-1], *self.shape))
+
+    def transform_noise(self, eps):
+        return jnp.reshape(self.la @ self._grid(eps) @ jnp.swapaxes(self.lg, 0, 1), eps.shape)
+
+    def log_det(self):
+        a, g = self.shape
+        return 2.0 * (g * jnp.sum(jnp.log(jnp.diag(self.la))) + a * jnp.sum(jnp.log(jnp.diag(self.lg))))
+
+    def whitened_sq_norm(self, x):
+        grid = self._grid(x)
+        batch = grid.shape[:-2]
+        flat = jnp.reshape(grid, (-1, *self.shape))
+        # L_a⁻¹ X L_g⁻ᵀ for each x, by two triangular solves
+        left = jax.vmap(lambda m: solve_triangular(self.la, m, lower=True))(flat)
+        both = jax.vmap(lambda m: solve_triangular(self.lg, m.T, lower=True).T)(left)
+        return jnp.reshape(jnp.sum(jnp.square(both), axis=(-2, -1)), batch)
+
+    def variance(self):
+        return jnp.ravel(jnp.outer(jnp.sum(jnp.square(self.la), axis=-1), jnp.sum(jnp.square(self.lg), axis=-1)))
+
+    def jacobian_variance(self, jac):
+        # row c of J (L_a ⊗ L_g) is vec(L_aᵀ J_c L_g), J_c the c-th row of J as an a × g matrix
+        scaled = jnp.swapaxes(self.la, 0, 1) @ self._grid(jac) @ self.lg
+        return jnp.einsum("...cab,...dab->...cd", scaled, scaled)
+
+    def arrays(self) -> dict:
+        return {"la": self.la, "lg": self.lg}
+
+
+@jax.tree_util.register_pytree_node_class
 class Subset:
     """A block-diagonal Gaussian over the coordinates ``index`` (sorted); every other coordinate is
     held at the mean. ``blocks`` cover ``index`` in order (one per K-FAC layer, or a single block).
@@ -451,7 +527,7 @@ class Subset:
         return out
 
 
-_OPERATORS = {cls.kind: cls for cls in (Diagonal, LowRankDiagonal, Full, Kronecker, PrecisionLowRank)}
+_OPERATORS = {cls.kind: cls for cls in (Diagonal, LowRankDiagonal, Full, Kronecker, KroneckerFactors, PrecisionLowRank)}
 
 
 @jax.tree_util.register_pytree_node_class

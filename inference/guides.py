@@ -40,10 +40,12 @@ import jax.numpy as jnp
 
 from ppl._errors import OptionError, did_you_mean
 from ppl.inference._flow import FlowFamily, flow_weights
-from ppl.inference._gaussian import Diagonal, Full, Gaussian, LowRankDiagonal, PointMass
+from ppl.inference._curvature import site_offsets
+from ppl.inference._gaussian import Diagonal, Full, Gaussian, KroneckerFactors, LowRankDiagonal, PointMass, Subset
 
 __all__ = [
-    "Frame", "Guide", "MeanField", "LowRank", "FullRank", "Delta", "Flow", "FlowFamily", "Amortized", "WithLocal",
+    "Frame", "Guide", "MeanField", "LowRank", "FullRank", "Delta", "Flow", "MatrixNormal", "FlowFamily", "Amortized",
+    "WithLocal",
     "GUIDES", "guide_class", "make_guide",
 ]
 
@@ -92,8 +94,9 @@ class Guide:
     remedy: str | None = None  # the advice when q misses the posterior (k-hat fails); None: the method's
 
     @classmethod
-    def from_options(cls, *, rank: int, num_flows: int, hidden: int | None) -> Guide:
-        """The guide from ``svi``'s options (each takes the ones it has)."""
+    def from_options(cls, *, rank: int, num_flows: int, hidden: int | None, problem=None) -> Guide:
+        """The guide from ``svi``'s options (each takes the ones it has) for ``problem`` (None: for
+        no problem in particular, where the guide does not depend on one)."""
         return cls()
 
     def check(self, method: str, dim: int) -> None:
@@ -129,7 +132,7 @@ class LowRank(Guide):
     remedy = f"the low_rank guide is far from the posterior: {_RICHER}"
 
     @classmethod
-    def from_options(cls, *, rank, num_flows, hidden):
+    def from_options(cls, *, rank, num_flows, hidden, problem=None):
         return cls(rank)
 
     def init(self, frame: Frame, key) -> dict:
@@ -193,7 +196,7 @@ class Flow(Guide):
     dense = "a flow guide's frame"
 
     @classmethod
-    def from_options(cls, *, rank, num_flows, hidden):
+    def from_options(cls, *, rank, num_flows, hidden, problem=None):
         return cls(num_flows, () if hidden is None else (int(hidden), int(hidden)))
 
     def check(self, method, dim):
@@ -218,6 +221,77 @@ class Flow(Guide):
         return FlowFamily(shift, S, params["weights"], self.widths(shift.shape[0]))
 
 
+@dataclass(frozen=True)
+class MatrixNormal(Guide):
+    """Structured mean-field (Louizos & Welling 2017): each dense layer's weight matrix W (a × g) is
+    matrix-normal, vec(W) ~ N(vec(M), U ⊗ V), U = L_a L_aᵀ between its rows and V = L_g L_gᵀ between
+    its columns; biases and every other coordinate are mean-field. a² + g² numbers a layer instead of
+    full-rank's (a·g)².
+
+    ``segments`` lay the flat vector out in order: ``("kron", start, a, g)`` for a layer's weights,
+    ``("diag", start, size)`` for the coordinates between. In the frame u = shift + s·v the mean moves
+    per coordinate; a layer's factors are scaled by the geometric mean of s over its weights (a
+    Kronecker product scaled coordinate by coordinate would not be one), and start at the frame's
+    starting sd times the identity."""
+
+    segments: tuple = ()
+    name = "matrix_normal"
+    remedy = f"the matrix_normal guide is far from the posterior: {_RICHER}"
+
+    @classmethod
+    def from_options(cls, *, rank, num_flows, hidden, problem=None):
+        if problem is None:
+            return cls()
+        if not (problem.is_declarative and problem.model.has_layers):
+            what = type(problem.model).__name__ if problem.is_declarative else "plain NumPyro program"
+            raise OptionError(
+                f"svi: guide='matrix_normal' needs the network's dense layers, and this {what} declares none — use "
+                "guide='mean_field', 'low_rank' or 'full_rank'"
+            )
+        offsets = site_offsets(problem)
+        layers = sorted((offsets[layer.weight][0], layer.fan_in, layer.fan_out) for layer in problem.layers())
+        segments, at = [], 0
+        for start, a, g in layers:
+            if start > at:
+                segments.append(("diag", at, start - at))
+            segments.append(("kron", start, a, g))
+            at = start + a * g
+        if at < problem.num_params:
+            segments.append(("diag", at, problem.num_params - at))
+        return cls(tuple(segments))
+
+    def _kron(self):
+        return [segment for segment in self.segments if segment[0] == "kron"]
+
+    def init(self, frame: Frame, key) -> dict:
+        zeros = jnp.zeros_like(frame.shift)
+        half = 0.5 * math.log(frame.init_scale)
+        factors = [
+            (jnp.diag(jnp.full(a, half, frame.shift.dtype)), jnp.diag(jnp.full(g, half, frame.shift.dtype)))
+            for _, _, a, g in self._kron()
+        ]
+        return {"shift": frame.shift, "frame_scale": frame.scale, "loc": zeros, "log_scale": frame.log_init_scale(),
+                "factors": factors}
+
+    def family(self, params):
+        shift, s = _frozen(params, "shift", "frame_scale")
+        blocks, factors = [], iter(params["factors"])
+        for segment in self.segments:
+            if segment[0] == "diag":
+                _, start, size = segment
+                piece = slice(start, start + size)
+                blocks.append(Diagonal(s[piece] * jnp.exp(params["log_scale"][piece])))
+                continue
+            _, start, a, g = segment
+            raw_a, raw_g = next(factors)
+            root = jnp.sqrt(jnp.exp(jnp.mean(jnp.log(s[start : start + a * g]))))
+            la = root * (jnp.tril(raw_a, -1) + jnp.diag(jnp.exp(jnp.diag(raw_a))))
+            lg = root * (jnp.tril(raw_g, -1) + jnp.diag(jnp.exp(jnp.diag(raw_g))))
+            blocks.append(KroneckerFactors(la, lg))
+        dim = shift.shape[0]
+        return Gaussian(shift + s * params["loc"], Subset(jnp.arange(dim), tuple(blocks), dim))
+
+
 # name -> "module:Class", resolved on first use
 GUIDES = {
     "mean_field": "ppl.inference.guides:MeanField",
@@ -225,6 +299,7 @@ GUIDES = {
     "full_rank": "ppl.inference.guides:FullRank",
     "delta": "ppl.inference.guides:Delta",
     "flow": "ppl.inference.guides:Flow",
+    "matrix_normal": "ppl.inference.guides:MatrixNormal",
 }
 
 
@@ -236,9 +311,9 @@ def guide_class(name: str) -> type:
     return getattr(importlib.import_module(module), cls)
 
 
-def make_guide(name: str, *, rank: int = 10, num_flows: int = 2, hidden: int | None = None) -> Guide:
-    """The guide registered as ``name``, built from the ``svi`` options."""
-    return guide_class(name).from_options(rank=rank, num_flows=num_flows, hidden=hidden)
+def make_guide(name: str, *, rank: int = 10, num_flows: int = 2, hidden: int | None = None, problem=None) -> Guide:
+    """The guide registered as ``name``, built from the ``svi`` options for ``problem``."""
+    return guide_class(name).from_options(rank=rank, num_flows=num_flows, hidden=hidden, problem=problem)
 
 
 # -- local latents ------------------------------------------------------------------------------------

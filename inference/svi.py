@@ -215,7 +215,9 @@ class SVI(Method):
     name = "svi"
     kind = "independent"  # "point" when the guide is a point mass (delta)
     loss_label = "negated objective, estimated each step (negative ELBO by default)"
-    description = "variational inference: mean_field/low_rank/full_rank/flow/delta guides; elbo, iwae, renyi objectives"
+    description = (
+        "variational inference: mean_field/low_rank/full_rank/matrix_normal/flow/delta guides; elbo, iwae, renyi objectives"
+    )
     supports_local = True
 
     guide: str = "auto"
@@ -305,7 +307,8 @@ class SVI(Method):
         return "full_rank" if problem.num_params <= FULL_RANK_MAX else "low_rank"
 
     def guide_object(self, problem):
-        guide = make_guide(self.global_guide_name(problem), rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden)
+        guide = make_guide(self.global_guide_name(problem), rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden,
+                           problem=problem)
         if problem.local_sites:
             guide = WithLocal(guide, Amortized(problem.model.encoder(problem.data_X.shape[-1])))
         return guide
@@ -375,7 +378,7 @@ class SVI(Method):
         # Each step draws num_particles parameter vectors and keeps them for the gradient.
         check_stored_draws(f"{self.name} (num_particles per step)", self.num_particles, dim, itemsize)
         dense_start = (self.init == "map" or isinstance(self.init, Posterior)) and dim <= DENSE_FRAME_MAX
-        chosen = make_guide(guide.name, rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden)
+        chosen = make_guide(guide.name, rank=self.rank, num_flows=self.num_flows, hidden=self.flow_hidden, problem=problem)
         if chosen.dense or dense_start:
             # The factor (or frame), Adam's two moments and its gradient: four P × P arrays.
             check_dense_matrix(

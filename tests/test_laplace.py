@@ -29,6 +29,7 @@ from ppl.inference._gaussian import (
     Diagonal,
     Full,
     Gaussian,
+    KroneckerFactors,
     LowRankDiagonal,
     Mixture,
     PrecisionLowRank,
@@ -258,6 +259,22 @@ def test_kronecker_operator():
     A, G = _spd(rng, 3), _spd(rng, 2)
     q = Gaussian(jnp.asarray(rng.normal(size=6)), _kronecker(jnp.asarray(A), jnp.asarray(G), 2.0, 0.5))
     _check_operator(q, np.linalg.inv(2.0 * np.kron(A, G) + 0.5 * np.eye(6)), rng)
+
+
+def test_kronecker_factors_operator():
+    """The matrix-normal guide's operator: Σ = (L_a L_aᵀ) ⊗ (L_g L_gᵀ) over a 3 × 2 matrix, row by row,
+    here inside a Subset beside a diagonal block, as the guide lays it out."""
+    rng = np.random.default_rng(7)
+    la = np.tril(rng.normal(size=(3, 3)), -1) + np.diag(rng.uniform(0.5, 1.5, size=3))
+    lg = np.tril(rng.normal(size=(2, 2)), -1) + np.diag(rng.uniform(0.5, 1.5, size=2))
+    diag_scale = rng.uniform(0.5, 1.5, size=2)
+    q = Gaussian(jnp.asarray(rng.normal(size=8)), Subset(
+        jnp.arange(8), (Diagonal(jnp.asarray(diag_scale[:1])), KroneckerFactors(jnp.asarray(la), jnp.asarray(lg)),
+                        Diagonal(jnp.asarray(diag_scale[1:]))), 8))
+    dense = np.zeros((8, 8))
+    dense[0, 0], dense[7, 7] = diag_scale[0] ** 2, diag_scale[1] ** 2
+    dense[1:7, 1:7] = np.kron(la @ la.T, lg @ lg.T)
+    _check_operator(q, dense, rng)
 
 
 def test_precision_low_rank_operator():

@@ -210,3 +210,42 @@ def test_a_flow_guide_predicts_by_sampling_and_refuses_gaussian_shortcuts():
     for mode in ("linearized", "probit"):
         with pytest.raises(TypeError, match="flow"):
             post.predict(moons.test.X, seed=1, mode=mode)
+
+
+def test_the_matrix_normal_guide_finds_the_layer_block_optimum(linear_model, linear_data, linear_truth):
+    """On a Gaussian posterior with precision Λ, the KL-optimal Gaussian whose covariance is block
+    diagonal has each block equal to the inverse of Λ's block. LinearRegression has one dense layer,
+    w (D × 1): the matrix-normal guide is full over w (U = L_a L_aᵀ is D × D, V is 1 × 1) and
+    mean-field over the bias b, so it must land on Σ_ww = (Λ_ww)⁻¹ and var b = 1/Λ_bb — between the
+    mean-field optimum and the exact posterior. Tolerance: the seed-to-seed spread of four fits, as
+    a standard error of their mean, times t₃'s 0.999 quantile (10.2)."""
+    precision = np.asarray(linear_truth["precision"])
+    D = precision.shape[0] - 1
+    optimum = np.zeros_like(precision)
+    optimum[:D, :D] = np.linalg.inv(precision[:D, :D])
+    optimum[D, D] = 1.0 / precision[D, D]
+    scale = np.sqrt(np.outer(np.diag(optimum), np.diag(optimum)))
+    fits = [ppl.fit(linear_model, linear_data.train, method="svi", seed=seed, guide="matrix_normal") for seed in range(4)]
+    covs = np.stack([np.asarray(post.approximation.covariance()) for post in fits]) / scale
+    error = covs.std(axis=0, ddof=1) / 2.0
+    assert np.all(np.abs(covs.mean(axis=0) - optimum / scale) <= 10.2 * error + 1e-6), covs.mean(axis=0) - optimum / scale
+    # the test tells the optimum from its neighbour: mean-field's optimum lies outside the tolerance
+    mean_field = np.diag(1.0 / np.diag(precision)) / scale
+    assert np.any(np.abs(mean_field - optimum / scale) > 10.2 * error + 1e-6)
+    assert fits[0].approximation.kind.startswith("subset:") and "kronecker_factors" in fits[0].approximation.kind
+    # its k-hat lies between mean-field's and the exact posterior's
+    khat = fits[0].diagnostics().khat
+    assert khat < ppl.fit(linear_model, linear_data.train, method="svi", seed=0, guide="mean_field").diagnostics().khat
+
+
+def test_the_matrix_normal_guide_needs_dense_layers(linear_data):
+    import numpyro
+    import numpyro.distributions as dist
+
+    def program(X, y=None):
+        w = numpyro.sample("w", dist.Normal(0.0, 1.0).expand([X.shape[1]]).to_event(1))
+        numpyro.sample("y", dist.Normal(X @ w, 1.0), obs=y)
+
+    with pytest.raises(ppl.OptionError, match="matrix_normal' needs the network's dense layers"):
+        X, y = linear_data.train
+        ppl.fit(program, {"X": X, "y": y}, method="svi", seed=0, guide="matrix_normal")
