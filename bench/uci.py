@@ -49,7 +49,7 @@ ANCHORS = {
 }
 SETS = list(ANCHORS)
 NUTS_SETS = ("boston", "concrete", "energy", "wine_quality", "yacht")
-METHODS = ["map", "laplace", "ensemble", "mola", "swag", "multiswag", "svi", "ivon", "sgld", "sghmc", "cyclical_sgld", "nuts"]
+METHODS = ["map", "laplace", "ensemble", "batch_ensemble", "mola", "swag", "multiswag", "svi", "ivon", "sgld", "sghmc", "cyclical_sgld", "nuts"]
 SPLITS = {"protein": 3}  # fewer splits where one fit takes long
 
 

@@ -232,7 +232,8 @@ def ggn_lowrank(problem, u, index, key, rank: int, rows: int, oversample: int = 
     return basis @ vectors[:, top], jnp.maximum(values[top], 0.0)
 
 
-def _site_offsets(problem) -> dict:
+def site_offsets(problem) -> dict:
+    """{site name: (start, size)}: where each site's coordinates lie in u."""
     offsets, start = {}, 0
     for site in problem.sites:
         offsets[site.name] = (start, site.size)
@@ -243,7 +244,7 @@ def _site_offsets(problem) -> dict:
 def group_slices(problem) -> list:
     """(start, size) for each parameter group (a dense layer: its weights and bias), where its
     coordinates lie in u. A group's sites are adjacent in u (models declare them one after another)."""
-    offsets, out = _site_offsets(problem), []
+    offsets, out = site_offsets(problem), []
     for name, sites in problem.parameter_groups():
         starts = [offsets[site][0] for site in sites]
         ends = [offsets[site][0] + offsets[site][1] for site in sites]
@@ -272,7 +273,7 @@ def last_layer_index(problem):
 
 def _site_coordinates(problem, names) -> np.ndarray:
     """The sorted flat coordinates of the sites ``names`` in u."""
-    offsets = _site_offsets(problem)
+    offsets = site_offsets(problem)
     return np.unique(np.concatenate([np.arange(offsets[n][0], offsets[n][0] + offsets[n][1]) for n in names]))
 
 
@@ -307,7 +308,7 @@ def layer_slices(problem) -> list:
     contiguously as the row-major augmented matrix [W; b], or [b; W] when the model declares the
     bias first (a Network's sites come in sorted order: ``conv_0.bias`` before ``conv_0.kernel``).
     Raises when a layer's weight and bias are not adjacent (K-FAC needs the augmented layout)."""
-    offsets = _site_offsets(problem)
+    offsets = site_offsets(problem)
     out = []
     for layer in problem.layers():
         w_start, w_size = offsets[layer.weight]
@@ -337,7 +338,7 @@ def layer_locations(problem) -> tuple:
 
 def _bias_first(problem) -> tuple:
     """Per layer, whether its bias precedes its weights in u (its ones column goes first)."""
-    offsets = _site_offsets(problem)
+    offsets = site_offsets(problem)
     return tuple(
         layer.bias is not None and offsets[layer.bias][0] < offsets[layer.weight][0] for layer in problem.layers()
     )
@@ -425,7 +426,7 @@ def describe_memory(size: int) -> str:
     return f"{size / 2**30:.2f} GiB" if size >= 2**28 else f"{size / 2**20:.0f} MiB"
 
 
-__all__ += ["prior_precision_diagonal", "describe_memory", "largest_eigenvalue", "free_layers"]
+__all__ += ["prior_precision_diagonal", "describe_memory", "largest_eigenvalue", "free_layers", "site_offsets"]
 
 
 def largest_eigenvalue(hvp, key, like: jax.Array, iterations: int) -> jax.Array:

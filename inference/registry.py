@@ -23,6 +23,7 @@ METHODS = {
     "laplace": "ppl.inference.laplace:Laplace",
     "mola": "ppl.inference.mola:MoLA",
     "ensemble": "ppl.inference.ensemble:Ensemble",
+    "batch_ensemble": "ppl.inference.batch_ensemble:BatchEnsemble",
     "swag": "ppl.inference.swag:SWAG",
     "multiswag": "ppl.inference.swag:MultiSWAG",
     "sgld": "ppl.inference.sgmcmc:SGLD",
