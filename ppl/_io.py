@@ -667,6 +667,15 @@ class Snapshot:
             self.close()
             raise
 
+    def _replaced(self) -> bool:
+        """Whether the folder we opened is no longer the one at its path (a save swapped it out)."""
+        try:
+            now = os.stat(self.folder, follow_symlinks=False)
+        except OSError:
+            return True
+        opened = os.fstat(self.fd)
+        return (now.st_dev, now.st_ino) != (opened.st_dev, opened.st_ino)
+
     def close(self) -> None:
         if self.fd is not None:
             os.close(self.fd)
@@ -700,6 +709,9 @@ class Snapshot:
         try:
             raw = self._raw(MANIFEST, MAX_JSON_BYTES)
         except _Vanished:
+            if self._replaced():
+                # a save swapped a new run in and is deleting the folder we opened: read again
+                raise
             try:
                 os.stat(META, dir_fd=self.fd, follow_symlinks=False)
                 old = True
@@ -842,14 +854,16 @@ def with_snapshot(path, read):
     """
     attempts = 12
     for attempt in range(attempts):
-        snapshot = open_snapshot(path)
+        snapshot = None
         try:
+            snapshot = open_snapshot(path)  # its manifest too can vanish under a save
             return read(snapshot)
         except _Vanished:
             if attempt == attempts - 1:
                 raise
         finally:
-            snapshot.close()
+            if snapshot is not None:
+                snapshot.close()
         time.sleep(0.02 * attempt)
 
 
