@@ -30,11 +30,9 @@ import numpy as np
 from ppl._checkpoint import Session
 from ppl._posterior import Posterior
 from ppl.inference import _curvature as curvature
-from ppl.inference._base import check_positive_int
-from ppl.inference.ensemble import member_keys
-from ppl.inference.map import MAP
+from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import (
-    full_gradient, gradient_evidence, has_moved, minimize, round_convergence,
+    full_gradient, gradient_evidence, has_moved, round_convergence, run_to_posterior,
 )
 
 __all__ = ["BatchEnsemble", "Sharing", "sharing"]
@@ -97,11 +95,11 @@ class MembersLoss:
 
 
 @dataclass(frozen=True)
-class BatchEnsemble(MAP):
+class BatchEnsemble(Ensemble):
     """M members sharing each layer's weights up to rank-1 factors, trained as one MAP problem.
 
-    Options are those of ``map`` (the optimiser, its budget and the prior, tuned once for every
-    member) and ``num_members``.
+    Options are those of ``ensemble``: ``map``'s (the optimiser, its budget and the prior, tuned
+    once for every member) and ``num_members``.
     """
 
     name: ClassVar[str] = "batch_ensemble"
@@ -111,14 +109,7 @@ class BatchEnsemble(MAP):
         "BatchEnsemble: M members sharing each layer's weights up to rank-1 factors, trained as one program"
     )
 
-    num_members: int = 4
-
-    def __post_init__(self):
-        super().__post_init__()
-        check_positive_int(self.name, "num_members", self.num_members)
-
-    def stored_draws(self) -> int:
-        return int(self.num_members)
+    num_members: int = 4  # the paper's
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
@@ -146,13 +137,8 @@ class BatchEnsemble(MAP):
                 trace=trace, info=info,
             )
 
-        result = minimize(
-            objective, config, problem, start, run_key, learning_rate=self.learning_rate, label=self.name,
-            session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
-        )
-        posterior = build(result.params, result.losses)
-        posterior.resume_state = result.resume_state
-        return posterior
+        return run_to_posterior(objective, config, problem, start, run_key, learning_rate=self.learning_rate,
+                                label=self.name, session=session, build=build, judged=judged)
 
     def starting_point(self, key, problem, layout: Sharing) -> dict:
         keys = member_keys(jax.random.fold_in(key, 2), self.num_members)

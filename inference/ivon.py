@@ -48,7 +48,7 @@ from ppl.inference import _curvature as curvature
 from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference._gaussian import Diagonal, Gaussian, draw
 from ppl.inference.optimize import (
-    INITS, OptimizerConfig, budget_of, check_budget, has_moved, minimize, round_convergence, stationarity,
+    INITS, OptimizerConfig, budget_of, check_budget, has_moved, round_convergence, run_to_posterior, stationarity,
 )
 
 __all__ = ["IVON", "IVONRule", "NegativeELBO"]
@@ -201,11 +201,6 @@ class IVON(Method):
                 status=status, trace=trace, info={"guide": "mean_field"}, approximation=family,
             )
 
-        result = minimize(
-            objective, config, problem, start, run_key, learning_rate=self.learning_rate, label=self.name,
-            session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
-        )
-        posterior = build(result.params, result.losses)
-        posterior.resume_state = result.resume_state
-        return posterior
+        return run_to_posterior(objective, config, problem, start, run_key, learning_rate=self.learning_rate,
+                                label=self.name, session=session, build=build, judged=judged)
 

@@ -32,7 +32,7 @@ from ppl.inference._gaussian import PointMass, from_arrays
 from ppl.inference._loop import Loop, drive
 
 __all__ = [
-    "OptimizerConfig", "Minimized", "minimize", "mode_config", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
+    "OptimizerConfig", "Minimized", "minimize", "run_to_posterior", "mode_config", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
     "NegativeLogJoint",
 ]
 
@@ -830,6 +830,19 @@ def mode_stationarity(problem, u, key, start, how: str, density: bool = False) -
     return status, None, {"map_gradient_norm": evidence["gradient"][1]}
 
 
+def run_to_posterior(objective, config: OptimizerConfig, problem, start, key, *, learning_rate, label: str,
+                     session, build, judged):
+    """``minimize`` in rounds judged by ``judged(params, losses) -> (status, trace)``, then the
+    Posterior ``build(params, losses)`` makes of where it stopped, with the state a resume needs."""
+    result = minimize(
+        objective, config, problem, start, key, learning_rate=learning_rate, label=label, session=session,
+        build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
+    )
+    posterior = build(result.params, result.losses)
+    posterior.resume_state = result.resume_state
+    return posterior
+
+
 def mode_config(steps: int, batch_size: int | None = None, optimizer: str = "auto",
                 max_steps: int | None = None) -> OptimizerConfig:
     """The ``map`` method's optimiser settings: ``optimizer="auto"`` is L-BFGS on full-batch data
@@ -866,10 +879,5 @@ def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.
             trace=trace, info={"optimizer": config.optimizer, **(info or {})}, approximation=PointMass(params),
         )
 
-    result = minimize(
-        objective, config, problem, start, run_key, learning_rate=learning_rate, label="map",
-        session=session, build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
-    )
-    posterior = build(result.params, result.losses)
-    posterior.resume_state = result.resume_state
-    return posterior
+    return run_to_posterior(objective, config, problem, start, run_key, learning_rate=learning_rate, label="map",
+                            session=session, build=build, judged=judged)

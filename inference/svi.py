@@ -70,6 +70,7 @@ from ppl.inference.optimize import (
     loss_convergence,
     minimize,
     round_convergence,
+    run_to_posterior,
     stationarity,
 )
 
@@ -449,11 +450,6 @@ class SVI(Method):
                 posterior.evidence = _local_bounds(posterior, check_key)
             return posterior
 
-        result = minimize(
-            objective, config, problem, start, run_key, learning_rate=self.learning_rate,
-            label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
-            judge=lambda params, losses: judged(params, losses)[0].converged,
-        )
-        posterior = build(result.params, result.losses)
-        posterior.resume_state = result.resume_state
-        return posterior
+        return run_to_posterior(objective, config, problem, start, run_key, learning_rate=self.learning_rate,
+                                label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
+                                judged=judged)
