@@ -143,6 +143,8 @@ class IVON(Method):
         check_budget(self.name, self.steps, self.max_steps)
         check_positive(self.name, "learning_rate", self.learning_rate)
         check_positive(self.name, "hess_init", self.hess_init)
+        if self.clip_radius is not None:
+            check_positive(self.name, "clip_radius", self.clip_radius)
         check_choice(self.name, "init", self.init, INITS)
         for option in ("beta1", "beta2"):
             value = getattr(self, option)

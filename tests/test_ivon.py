@@ -81,3 +81,5 @@ def test_bad_options_are_refused():
         ppl.inference.registry.create("ivon", {"beta2": 1.0})
     with pytest.raises(OptionError, match="hess_init"):
         ppl.inference.registry.create("ivon", {"hess_init": 0.0})
+    with pytest.raises(OptionError, match="clip_radius"):
+        ppl.inference.registry.create("ivon", {"clip_radius": -1.0})
