@@ -21,7 +21,7 @@ step; each member's own parameters from its own draw of ``init``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -38,22 +38,16 @@ from ppl.inference.optimize import (
 __all__ = ["BatchEnsemble", "Sharing", "sharing"]
 
 
-@jax.tree_util.register_pytree_node_class
-class Sharing:
+class Sharing(NamedTuple):
     """Where the shared weights lie in u: ``shared`` (P,) flags the layers' weight coordinates, and
     for each coordinate ``rows``/``cols`` index its row in the concatenated r and its column in the
     concatenated s (0 elsewhere). ``num_rows``/``num_cols``: the lengths of r and s."""
 
-    def __init__(self, shared, rows, cols, num_rows: int, num_cols: int):
-        self.shared, self.rows, self.cols = shared, rows, cols
-        self.num_rows, self.num_cols = num_rows, num_cols
-
-    def tree_flatten(self):
-        return (self.shared, self.rows, self.cols), (self.num_rows, self.num_cols)
-
-    @classmethod
-    def tree_unflatten(cls, aux, children):
-        return cls(*children, *aux)
+    shared: jax.Array
+    rows: jax.Array
+    cols: jax.Array
+    num_rows: int
+    num_cols: int
 
     def member(self, params, m):
         """Member m's effective flat parameters."""
