@@ -187,14 +187,15 @@ MARGLIK_RTOL = 1e-4  # rounds stop once no hyperparameter moves by more than thi
 
 
 def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_structure: str, steps: int,
-                  rounds: int) -> tuple:
+                  rounds: int, movable: np.ndarray | None = None) -> tuple:
     """Type-II maximum likelihood (MacKay 1992; Immer et al. 2021): alternate the MAP under the
     current hyperparameters (``steps`` L-BFGS iterations), the curvature at it over the coordinates
     ``index`` in structure ``hessian``, and the maximisation of the Laplace evidence over one prior
     precision per layer (one in all with ``prior_structure="scalar"``) and over a learned Gaussian
     noise scale σ, for at most ``rounds`` rounds. Returns ``(target, u_target, status, info)``: the
     model with the tuned prior (and σ fixed at its tuned value) compiled as a problem, the mode on
-    it, its stationarity and a record of the tuning."""
+    it, its stationarity and a record of the tuning. ``movable`` (a mask over the flat coordinates;
+    None: every weight) limits the weights the MAP moves: the others are held where ``u`` has them."""
     model = problem.model
     layers = curvature.group_slices(problem)
     slices = curvature.layer_slices(problem) if model.has_layers else None
@@ -202,7 +203,7 @@ def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_stru
     for l, (start, size) in enumerate(layers):
         groups[start : start + size] = l if prior_structure == "layer" else 0
     num_groups = len(layers) if prior_structure == "layer" else 1
-    weights = groups >= 0
+    weights = groups >= 0 if movable is None else (groups >= 0) & np.asarray(movable, bool)
     sigma_at = _sigma_index(problem)
     prior_diag = np.asarray(curvature.prior_precision_diagonal(problem, u))
     log_alpha = np.array([np.log(np.mean(prior_diag[groups == g])) for g in range(num_groups)])
@@ -241,7 +242,10 @@ def tune_evidence(key, problem, u, *, index, hessian: str, rank: int, prior_stru
     target = recompiled(problem, tuned)
     flat = problem.unravel(u)
     u_target = target.ravel({s.name: flat[s.name] for s in target.sites})
-    status, _, stationary = mode_stationarity(target, u_target, key, None, "marglik's MAP")
+    if movable is not None:  # on the target's coordinates (σ, fixed there, is no longer one)
+        held = problem.unravel(jnp.asarray(movable, u.dtype))
+        movable = np.asarray(target.ravel({s.name: held[s.name] for s in target.sites})) > 0
+    status, _, stationary = mode_stationarity(target, u_target, key, None, "marglik's MAP", movable=movable)
     info = {
         "prior_precision": list(per_layer),
         "marglik_rounds": len(evidences),
@@ -301,26 +305,38 @@ def _map_with_hypers(problem, u, weight_mask, alpha_coord, steps: int):
     return _lbfgs(loss, u, steps, 1e-10, mask=weight_mask)
 
 
+STALLED = 5  # L-BFGS iterations in a row without a gain above the float's resolution end a search
+
+
 def _lbfgs(loss, x, steps: int, tol: float, mask=None, bound=None):
     """L-BFGS (optax, zoom line search) on ``loss`` from ``x`` inside one ``while_loop``, until the
-    gradient norm is at most ``tol`` or ``steps`` iterations. ``mask`` (0/1 per coordinate) holds
-    coordinates fixed; ``bound`` clips the iterate to [−bound, bound]."""
+    gradient norm is at most ``tol``, ``STALLED`` iterations in a row lower the loss by no more than
+    the float's resolution (10 ulps of max(|loss|, 1): in float32 a gradient tolerance of 1e-10 is
+    out of reach, and the line search then spends many passes per iteration standing still — on a
+    pretrained CNN's last layer 200 iterations took 87 s against 10 s for the first 50, for a loss
+    1.5e-4 lower), or ``steps`` iterations. ``mask`` (0/1 per coordinate) holds coordinates fixed;
+    ``bound`` clips the iterate to [−bound, bound]."""
     optimizer = optax.lbfgs()
     value_and_grad = optax.value_and_grad_from_state(loss)
     mask = jnp.ones_like(x) if mask is None else mask
 
+    resolution = 10 * float(jnp.finfo(x.dtype).eps)
+
     def body(carry):
-        v, state, i, _ = carry
+        v, state, i, _, previous, stalled = carry
         value, grad = value_and_grad(v, state=state)
         grad = grad * mask
         updates, state = optimizer.update(grad, state, v, value=value, grad=grad, value_fn=loss)
-        v = v + updates * mask
-        return (v if bound is None else jnp.clip(v, -bound, bound)), state, i + 1, jnp.linalg.norm(grad)
+        new = v + updates * mask
+        new = new if bound is None else jnp.clip(new, -bound, bound)
+        gained = previous - value > resolution * jnp.maximum(jnp.abs(value), 1.0)
+        return new, state, i + 1, jnp.linalg.norm(grad), value, jnp.where(gained, 0, stalled + 1)
 
     def cond(carry):
-        return (carry[2] < steps) & (carry[3] > tol)
+        return (carry[2] < steps) & (carry[3] > tol) & (carry[5] < STALLED)
 
-    init = (x, optimizer.init(x), jnp.asarray(0), jnp.asarray(jnp.inf, x.dtype))
+    inf = jnp.asarray(jnp.inf, x.dtype)
+    init = (x, optimizer.init(x), jnp.asarray(0), inf, inf, jnp.asarray(0))
     return jax.lax.while_loop(cond, body, init)[0]
 
 

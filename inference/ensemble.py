@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl._checkpoint import Session
+from ppl._errors import OptionError
 from ppl._posterior import Posterior
 from ppl.inference._base import check_positive_int
 from ppl.inference.map import MAP
@@ -59,6 +60,7 @@ class Ensemble(MAP):
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self.name, "num_members", self.num_members)
+        check_distinct_starts(self.name, self.init, self.num_members)
 
     def stored_draws(self) -> int:
         return int(self.num_members)
@@ -71,6 +73,16 @@ class Ensemble(MAP):
                              learning_rate=self.learning_rate, init=self.init, session=session, info=tuned)
 
 
+def check_distinct_starts(name: str, init, num_members: int) -> None:
+    """Refuse a start shared by every member: an ensemble's spread comes from its members' starts."""
+    if init == "pretrained" and num_members > 1:
+        raise OptionError(
+            f"{name}: init='pretrained' would start all {num_members} members at the same trained weights, and the "
+            "members' spread comes from their different starts; use init='prior' (or method='laplace', which builds "
+            "on the trained weights)"
+        )
+
+
 def train_members(key, problem, config: OptimizerConfig, *, num_members: int, learning_rate: float = 0.01,
                   init: str = "prior", session: Session | None = None, info: dict | None = None) -> Posterior:
     """The ``ensemble`` method's run on ``problem`` as given (its prior already chosen): M MAP
@@ -79,6 +91,7 @@ def train_members(key, problem, config: OptimizerConfig, *, num_members: int, le
     whose ``info`` adds ``info``. Member 0 is :func:`~ppl.inference.optimize.fit_mode`'s run with
     the same key. Methods that start from several modes (MoLA, MultiSWAG, SG-MCMC's anchors) call it."""
     keys = member_keys(key, num_members)
+    check_distinct_starts("ensemble", init, num_members)
     # As map does for its one run: split each member's key into its initial point and its steps.
     split = jax.vmap(jax.random.split)(keys)
     init_keys, run_keys = split[:, 0], split[:, 1]

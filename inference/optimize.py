@@ -33,12 +33,12 @@ from ppl.inference._loop import Loop, drive
 
 __all__ = [
     "OptimizerConfig", "Minimized", "minimize", "run_to_posterior", "mode_config", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
-    "NegativeLogJoint",
+    "NegativeLogJoint", "Restricted", "restricted",
 ]
 
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
-INITS = ("prior", "median", "uniform", "zeros")
+INITS = ("prior", "median", "uniform", "zeros", "pretrained")  # pretrained: a Network's trained values
 CHUNK_CAPACITY = 256  # most steps one compiled chunk can take (chunks are sized to ~0.5 s)
 CONVERGENCE_RTOL = 1e-3  # a last-window loss drop below this fraction of the loss's scale is "settled"
 GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
@@ -108,6 +108,35 @@ class NegativeLogDensity:
 
     def __call__(self, params, problem, key, batch, step=None):
         return -problem.logdensity_fn(params, batch)
+
+
+@dataclass(frozen=True)
+class Restricted:
+    """``inner`` as a function of the coordinates ``movable`` marks, every other coordinate held
+    where it is: the gradient there is zero, so no optimiser here moves them (Adam's update and
+    L-BFGS's direction vanish on them). ``movable`` is the mask packed into bytes (hashable, and
+    its hash is cached: the objective is a static argument of the compiled loops)."""
+
+    inner: Any
+    movable: bytes
+    size: int
+
+    @classmethod
+    def over(cls, inner, movable) -> "Restricted":
+        mask = np.asarray(movable, bool)
+        return cls(inner, np.packbits(mask).tobytes(), int(mask.size))
+
+    def mask(self) -> np.ndarray:
+        return np.unpackbits(np.frombuffer(self.movable, np.uint8))[: self.size].astype(bool)
+
+    def __call__(self, params, problem, key, batch, step=None):
+        held = jnp.where(jnp.asarray(self.mask()), params, jax.lax.stop_gradient(params))
+        return self.inner(held, problem, key, batch, step)
+
+
+def restricted(objective, movable):
+    """``objective`` over the coordinates ``movable`` marks (None: all of them)."""
+    return objective if movable is None else Restricted.over(objective, movable)
 
 
 def _stable_argsort(keys: jax.Array) -> jax.Array:
@@ -809,15 +838,16 @@ def has_moved(start, end) -> bool:
     return any(bool(jnp.any(a != b)) for a, b in zip(jax.tree_util.tree_leaves(start), jax.tree_util.tree_leaves(end)))
 
 
-def mode_stationarity(problem, u, key, start, how: str, density: bool = False) -> tuple:
+def mode_stationarity(problem, u, key, start, how: str, density: bool = False, movable=None) -> tuple:
     """(status, None, info): a mode judged by :func:`loss_convergence` on
     its full-batch gradient alone (no loss curve: the trace slot is None), against the norm at a
     reference start; ``info`` holds the norm.
 
     As for ``map``, a gradient that stays large is a kink, not a failure, when no step along it
     lowers the objective by a gain worth taking: a ReLU network's MAP sits at such kinks, and its
-    GGN there is the curvature the approximation uses."""
-    objective = NegativeLogDensity() if density else NegativeLogJoint()
+    GGN there is the curvature the approximation uses. ``movable``: judge only these coordinates
+    (the others held fixed by design)."""
+    objective = restricted(NegativeLogDensity() if density else NegativeLogJoint(), movable)
     reference = problem.init_position(key, "prior") if start is None else start
     start_norm = float(full_gradient(objective, problem, reference, key)[1])
     evidence = gradient_evidence(objective, problem, u, key, start_norm)
@@ -853,14 +883,15 @@ def mode_config(steps: int, batch_size: int | None = None, optimizer: str = "aut
 
 
 def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.01, init: str = "prior",
-             session: Session | None = None, info: dict | None = None) -> Posterior:
+             session: Session | None = None, info: dict | None = None, movable=None) -> Posterior:
     """The ``map`` method's run on ``problem`` as given (its prior already chosen): from a start drawn
     by ``init``, ``minimize`` the negative log joint under ``config`` until its convergence test
     passes or the budget is spent; a point-mass Posterior whose ``info`` adds ``info``. The prior
-    tuning builds on it too, which is why it lives here and not in the method's module."""
+    tuning builds on it too, which is why it lives here and not in the method's module. ``movable``
+    (a mask over the flat coordinates; None: all) moves only those, the others held at the start."""
     init_key, run_key = jax.random.split(key)
     start = problem.init_position(init_key, init)
-    objective = NegativeLogJoint()
+    objective = restricted(NegativeLogJoint(), movable)
     # The MAP objective is deterministic on the full data even when training uses minibatches,
     # so its full-batch gradient at the start and the end is a sound convergence test either way.
     start_norm = float(full_gradient(objective, problem, start, run_key)[1])

@@ -19,6 +19,7 @@ the leaves that share a parent node: ``dense_0.kernel`` and ``dense_0.bias`` for
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -136,6 +137,16 @@ def _layout(template) -> tuple:
     return treedef, tuple(out), tuple(group_of)
 
 
+def _digest(template) -> str:
+    """A fingerprint of a template's values (shapes, dtypes and bytes of every leaf, in tree order)."""
+    h = hashlib.sha256()
+    for value in jax.tree_util.tree_leaves(template):
+        array = np.ascontiguousarray(np.asarray(value))
+        h.update(f"{array.dtype.str}{array.shape}".encode())
+        h.update(array.tobytes())
+    return h.hexdigest()[:16]
+
+
 def _declared_layers(network) -> tuple:
     """``apply_fn.layers()`` checked against the template: each names a weight leaf of two or more
     axes and a bias leaf (or None) of the weight's output size."""
@@ -191,6 +202,11 @@ class Network(SupervisedModel):
             ``mola``) cover. A prefix matches whole path components (``"dense"`` does not match
             ``"dense_2.kernel"``). Without it the output layer is unknown: ``laplace`` then
             defaults to ``subset="all"`` and refuses ``"last_layer"``.
+        pretrained: the template's values are trained weights (from outside ppl) rather than
+            shapes only: methods then may start from them (``init="pretrained"``), and ``laplace``
+            does by default, refining only the coordinates it covers (its ``subset``, and σ) and
+            holding every other weight at its trained value — Laplace on part of a pretrained
+            network. ``from_flax(module, params=...)`` sets it.
 
     Layer structure (optional; what ``laplace``'s ``hessian="kfac"`` needs): an ``apply_fn`` that
     also has ``layers()`` — ((weight site, bias site or None, activation or None), ...) from input to
@@ -219,10 +235,12 @@ class Network(SupervisedModel):
     last_layer: str | tuple | None = None
     num_classes: int | None = None
     num_outputs: int | None = None
+    pretrained: bool = False
     # derived from the template: what equality, hashing and compiled programs depend on
     treedef: Any = field(init=False, repr=False)
     leaves: tuple = field(init=False, repr=False)
     groups: tuple = field(init=False)
+    values_digest: str = field(init=False, repr=False)  # of a pretrained template's values ('' otherwise)
 
     accepts_array_inputs = True  # X may be (N, ...) of any rank, not only (N, D)
 
@@ -244,6 +262,14 @@ class Network(SupervisedModel):
         object.__setattr__(self, "treedef", treedef)
         object.__setattr__(self, "leaves", leaves)
         object.__setattr__(self, "groups", groups)
+        if not isinstance(self.pretrained, (bool, np.bool_)):
+            raise OptionError(
+                f"Network.pretrained must be True (the template's values are trained weights to start from) or False "
+                f"(only its shapes are used), got {self.pretrained!r}"
+            )
+        object.__setattr__(self, "pretrained", bool(self.pretrained))
+        # two pretrained networks of one layout but other values are different models: starts read the values
+        object.__setattr__(self, "values_digest", _digest(self.params_template) if self.pretrained else "")
         check_choice("Network.likelihood", self.likelihood, LIKELIHOODS)
         check_scale("Network.prior_scale", self.prior_scale)
         check_scale("Network.noise_scale", self.noise_scale, allow_none=True)
@@ -283,6 +309,17 @@ class Network(SupervisedModel):
             raise OptionError("Network.num_classes applies to likelihood='categorical' and must be at least 2")
 
     # -- structure ------------------------------------------------------------------------------------
+    def pretrained_values(self) -> dict:
+        """The trained values of a ``pretrained`` network, by site name (what ``init="pretrained"``
+        starts from)."""
+        if not self.pretrained:
+            raise OptionError(
+                "this Network holds no trained values (pretrained=False: its template gives shapes only); build it with "
+                "Network(apply_fn, trained_params, pretrained=True) or Network.from_flax(module, ..., params=trained)"
+            )
+        values = jax.tree_util.tree_leaves(self.params_template)
+        return {leaf.name: np.asarray(value) for leaf, value in zip(self.leaves, values)}
+
     @property
     def site_names(self) -> tuple:
         return tuple(leaf.name for leaf in self.leaves)
@@ -437,13 +474,18 @@ class Network(SupervisedModel):
             "noise_scale": self.noise_scale, "last_layer": self.last_layer, "num_classes": self.num_classes,
             "num_outputs": self.num_outputs,
         }
+        if self.pretrained:  # (absent otherwise, so that runs saved before the option load unchanged)
+            fields.update(pretrained=True, values_digest=self.values_digest)
         return {"class": "Network", "fields": fields}
 
     # -- adapters (optional extras: pip install "ppl[flax]" or "ppl[equinox]") ----------------------------
     @classmethod
-    def from_flax(cls, module, example_input=None, **options) -> "Network":
+    def from_flax(cls, module, example_input=None, *, params=None, **options) -> "Network":
         """A Network from a Flax module, NNX or Linen; ``options`` are Network's (``likelihood``,
-        ``prior``, ``last_layer``...).
+        ``prior``, ``last_layer``...). ``params``: trained parameter values to build on (a Linen
+        ``params`` collection or ``{"params": ...}`` variables; for NNX ``nnx.state(module,
+        nnx.Param)`` or its pure dict), which makes the network ``pretrained``; their tree must be
+        the module's own.
 
         - **NNX** (``flax.nnx.Module``, already built with its ``Rngs``): its ``nnx.Param`` variables
           are the template, named by attribute path (``l1.kernel``, ``layers.0.kernel``), and the
@@ -462,6 +504,7 @@ class Network(SupervisedModel):
             from flax import nnx
         except ImportError:
             raise OptionError("Network.from_flax needs Flax: pip install flax (or the 'flax' extra of ppl)") from None
+        params_given = params
         if isinstance(module, nnx.Module):
             graph, params, rest = nnx.split(module, nnx.Param, ...)
             others = sorted({".".join(map(str, path)) for path, _ in nnx.to_flat_state(rest)})
@@ -473,6 +516,10 @@ class Network(SupervisedModel):
             template = nnx.to_pure_dict(params)
             if not jax.tree_util.tree_leaves(template):
                 raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
+            if params_given is not None:
+                trained = nnx.to_pure_dict(params_given) if isinstance(params_given, nnx.State) else params_given
+                template = _trained_tree(module, template, trained)
+                options = {**options, "pretrained": True}
             paths, treedef = jax.tree_util.tree_flatten_with_path(params)
             # the State's leaf paths end in the Variable's `.value`; the pure dict's stop before it
             keys = tuple(tuple(_key_of(entry) for entry in path[:-1]) for path, _ in paths)
@@ -496,7 +543,14 @@ class Network(SupervisedModel):
             )
         if "params" not in variables:
             raise OptionError(f"Network.from_flax: {type(module).__name__} has no parameters")
-        net = cls(_FlaxApply(module), variables["params"], **options)
+        template = variables["params"]
+        if params_given is not None:
+            trained = params_given
+            if isinstance(trained, dict) and set(trained) == {"params"}:
+                trained = trained["params"]  # the variables dict module.init returns
+            template = _trained_tree(module, template, trained)
+            options = {**options, "pretrained": True}
+        net = cls(_FlaxApply(module), template, **options)
         example = jnp.asarray(example_input, dtype=jnp.result_type(float))
         plan, problem = _linen_layers(module, example, net.site_names, net.last_layer)
         return dataclasses.replace(net, apply_fn=_FlaxApply(module, plan, problem or None))
@@ -506,6 +560,7 @@ class Network(SupervisedModel):
         """A Network from an Equinox module: its floating-point arrays are the parameters (named by
         attribute path, e.g. ``layers.0.weight``), everything else is held fixed. Equinox layers
         take one example, so the module is mapped over the rows of X unless ``batched=True``.
+        ``pretrained=True`` when the module's values are trained weights to build on.
 
         Equinox stores a linear layer's weight as (out, in), so the fan-in rule of ``FanIn``
         (all axes but the last) does not fit it; use ``Isotropic`` or ``PerLayer`` priors.
@@ -534,6 +589,31 @@ class Network(SupervisedModel):
             )
         params.update(self._sample_noise())
         return self._observe(X, y, params)
+
+
+def _trained_tree(module, template, trained):
+    """``trained`` (a Flax parameter tree) checked against the module's own ``template``: the same
+    paths, shapes and floating dtypes, as arrays."""
+    name = type(module).__name__
+    try:
+        theirs = jax.tree_util.tree_flatten_with_path(trained)
+    except Exception as error:
+        raise OptionError(f"Network.from_flax: params is not a parameter tree ({type(error).__name__}: {error})") from None
+    def shapes(pairs):
+        return {jax.tree_util.keystr(path): tuple(np.shape(value)) for path, value in pairs}
+    want, got = shapes(jax.tree_util.tree_flatten_with_path(template)[0]), shapes(theirs[0])
+    if want != got:
+        missing = sorted(set(want) - set(got))
+        extra = sorted(set(got) - set(want))
+        wrong = sorted(k for k in set(want) & set(got) if want[k] != got[k])
+        parts = ([f"missing {', '.join(missing[:4])}"] if missing else []) + (
+            [f"not in the module {', '.join(extra[:4])}"] if extra else []) + (
+            [f"{k} is {got[k]}, the module's is {want[k]}" for k in wrong[:4]])
+        raise OptionError(
+            f"Network.from_flax: params does not match {name}'s parameters ({'; '.join(parts)}); pass the trained "
+            "parameters of this module (for Linen the 'params' collection of module.init/apply)"
+        )
+    return jax.tree_util.tree_map(jnp.asarray, trained)
 
 
 def _origin(cls, library: str) -> str:
@@ -586,8 +666,7 @@ def _layer_plan(found: list, site_names: tuple, last_layer) -> tuple:
     if unsupported:
         return (), ("K-FAC here covers Flax Dense/Linear layers and stride-1 'SAME' convolutions, and not "
                     + ", ".join(unsupported))
-    prefixes = (last_layer,) if isinstance(last_layer, str) else tuple(last_layer or ())
-    layers.sort(key=lambda layer: layer.prefix in prefixes)  # stable: call order otherwise
+    layers.sort(key=lambda layer: layer.prefix in _prefixes(last_layer))  # stable: call order otherwise
     return tuple(layers), ""
 
 
@@ -646,7 +725,19 @@ def _linen_layers(module, example, site_names: tuple, last_layer) -> tuple:
 
     with linen.intercept_methods(record):
         jax.eval_shape(module.init, jax.random.PRNGKey(0), example)
+    prefixes = _prefixes(last_layer)
+    if found and prefixes and not any(found[-1][0] == p or found[-1][0].startswith(p + ".") for p in prefixes):
+        # traced in call order, the output layer is known: a wrong name would put a Gaussian on a hidden layer
+        raise OptionError(
+            f"Network.from_flax: last_layer={last_layer!r} is not the output layer: the layer applied last is "
+            f"{found[-1][0]!r} (Linen numbers submodules in the order they are built, which need not be the order "
+            "they are applied); name that one"
+        )
     return _layer_plan(found, site_names, last_layer)
+
+
+def _prefixes(last_layer) -> tuple:
+    return (last_layer,) if isinstance(last_layer, str) else tuple(last_layer or ())
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from ppl._checkpoint import ResumeState
-from ppl._errors import DataError, RunError
+from ppl._errors import DataError, OptionError, RunError
 from ppl._io import ARRAYS, DIAGNOSTICS, META, Schema, Snapshot, describe_model, jsonable, model_difference, read_meta, with_snapshot
 from ppl._keys import as_key
 from ppl._posterior import Posterior
@@ -32,6 +32,8 @@ from ppl._verdict import measure_chains, rederive
 from ppl.inference import registry
 from ppl.inference._gaussian import from_arrays, stored_draws_mismatch
 from ppl.models import Network, from_config
+from ppl.models._base import SupervisedModel
+from ppl.models.priors import prior_from_record
 
 __all__ = ["load", "load_with", "load_run", "saved_diagnostics"]
 
@@ -161,9 +163,13 @@ def load_run(path, *, model=None, trust: bool = False, extra: str | None = None)
     return with_snapshot(path, read)
 
 
-def _given_network(model, record: dict, data, folder):
+def _given_network(model, record: dict, data, folder, tuned: bool = False):
     """The Network a run was fitted with, as the caller passed it back (``model=``), checked against
-    the saved record: a Network's apply function is code, which loading never imports or calls by name."""
+    the saved record: a Network's apply function is code, which loading never imports or calls by name.
+
+    A run whose prior (and σ) were tuned by the evidence (``tuned``) was fitted on the caller's
+    network with those values: they are taken from the record (plain numbers and a prior record,
+    each validated as it is rebuilt), and the rest must match."""
     fields = record.get("fields") if isinstance(record.get("fields"), dict) else {}
     if model is None:
         raise RunError(
@@ -178,6 +184,8 @@ def _given_network(model, record: dict, data, folder):
         raise RunError(f"{folder}: the model given does not take the saved data ({error})") from None
     if not isinstance(given, Network):
         raise RunError(f"{folder}: this run is of a Network; model= must be a Network or a CNN, got {type(model).__name__}")
+    if tuned:
+        given = _network_with_prior_of(given, fields, folder)
     mine = given.to_config()["fields"]
     legacy = f"ppl.models.network.{type(given.apply_fn).__name__}"
     if fields.get("apply_fn") == legacy and getattr(given.apply_fn, "origin", None):
@@ -188,6 +196,20 @@ def _given_network(model, record: dict, data, folder):
     if differ:
         raise RunError(f"{folder}: the model given is not the Network this run was fitted with — " + "; ".join(differ))
     return given
+
+
+def _network_with_prior_of(network, fields: dict, folder):
+    """``network`` with the prior, prior scale and noise scale a saved record's ``fields`` give
+    (each rebuilt from plain data and validated by the Network itself)."""
+    try:
+        prior = fields.get("prior")
+        return dataclasses.replace(
+            network, prior=None if prior is None else prior_from_record(prior),
+            prior_scale=fields.get("prior_scale", network.prior_scale),
+            noise_scale=fields.get("noise_scale", network.noise_scale),
+        )
+    except (ValueError, TypeError, OptionError) as error:
+        raise RunError(f"{folder}: the saved prior or noise scale of the Network is not valid ({error})") from None
 
 
 def _plain(value):
@@ -260,15 +282,19 @@ def _load_from(snapshot: Snapshot, model, trust: bool):
     if record["kind"] == "declarative" and record.get("class") == "Network":
         X = _check_array(folder, arrays, "data/X")
         data = (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
-        model = _given_network(model, record, data, folder)
+        model = _given_network(model, record, data, folder, tuned="prior_precision" in meta.get("info", {}))
     elif record["kind"] == "declarative":
         if model is not None:
             raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")
-        unsupervised = record.get("class") == "VAE"
         X = _check_array(folder, arrays, "data/X")
-        data = X if unsupervised else (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
         try:
             model = from_config(record)
+        except (ValueError, TypeError, KeyError, DataError) as error:
+            raise RunError(f"{folder}/{META}: the model configuration is invalid ({error})") from None
+        # a model of inputs alone (a VAE) says how many global parameters it has; a supervised one binds to y
+        unsupervised = not isinstance(model, SupervisedModel)
+        data = X if unsupervised else (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
+        try:
             if X.ndim != 2:
                 declared = -1
             elif unsupervised:
@@ -377,7 +403,12 @@ def _replacement_from_records(meta: dict, used, folder: Path) -> dict:
     if not isinstance(declared_record, dict) or _plain(declared_record) == _plain(meta["model"]):
         return provenance
     try:
-        declared = from_config(declared_record)
+        if declared_record.get("class") == "Network" and isinstance(used, Network):
+            # the code is the caller's; what an option replaced (the prior, σ) is plain data in the record
+            fields = declared_record.get("fields") if isinstance(declared_record.get("fields"), dict) else {}
+            declared = _network_with_prior_of(used, fields, folder)
+        else:
+            declared = from_config(declared_record)
     except (ValueError, TypeError, KeyError) as error:
         raise RunError(f"{folder}/{META}: the fingerprint's model configuration is invalid ({error})") from None
     method = registry.get(meta["method"])

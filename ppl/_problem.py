@@ -455,13 +455,26 @@ class Problem:
 
     def init_position(self, key: jax.Array, strategy: str) -> jax.Array:
         """A flat unconstrained starting point: a ``prior`` draw, the ``median`` of prior draws,
-        ``uniform`` on (-2, 2), or ``zeros``.
+        ``uniform`` on (-2, 2), ``zeros``, or a network's ``pretrained`` values (its other sites at
+        the median start).
 
         An improper flat prior (``dist.ImproperUniform``), or any distribution that cannot be
         sampled, has no draws: under ``prior`` and ``median`` such a site starts uniform on (-2, 2)
         in unconstrained space, as ``uniform`` starts every site (NumPyro's ``init_to_uniform``);
         the model's other sites are drawn from their priors.
         """
+        if strategy == "pretrained":
+            # a network's trained values (from outside ppl); its other sites (σ) from the median start
+            values = getattr(self.model, "pretrained_values", None)
+            if values is None or not getattr(self.model, "pretrained", False):
+                raise OptionError(
+                    f"init='pretrained' starts from a network's trained values, and this {type(self.model).__name__} "
+                    "holds none; build it with Network(..., pretrained=True) or Network.from_flax(module, params=...), "
+                    "or use init='prior'"
+                )
+            start = self.unravel(self.init_position(key, "median"))
+            start.update({name: jnp.asarray(value, self.init_params.dtype) for name, value in values().items()})
+            return self.ravel(start)
         if strategy == "zeros":
             return self.init_params
         if strategy == "uniform":
@@ -475,7 +488,7 @@ class Problem:
             keys = jax.random.split(key, MEDIAN_DRAWS)
             draws = [self._unconstrain_trace(trace_model(self.model, k, args, kwargs)) for k in keys]
             return jnp.median(jnp.stack(draws), axis=0)
-        raise OptionError(f"init={strategy!r} is not one of 'prior', 'median', 'uniform', 'zeros'")
+        raise OptionError(f"init={strategy!r} is not one of 'prior', 'median', 'uniform', 'zeros', 'pretrained'")
 
 
 def _cannot_sample(fn) -> bool:

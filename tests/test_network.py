@@ -366,3 +366,96 @@ def test_the_dispersion_check_forms_its_hessian_in_chunks_equal_to_one_pass():
     chunked = dispersion._free_hessian(problem, loc, free)
     whole = jax.hessian(lambda v: -problem.logdensity_fn(loc.at[free].set(v)))(loc[free])
     np.testing.assert_allclose(chunked, np.asarray(whole), rtol=1e-10, atol=1e-10 * float(jnp.max(jnp.abs(whole))))
+
+
+# -- a network trained outside ppl ---------------------------------------------------------------------
+def _trained(D=3, C=1, seed=3):
+    """'Trained' values of mlp's template (random: Laplace must use them as given)."""
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return {
+        "dense_0": {"kernel": jax.random.normal(keys[0], (D, HIDDEN)), "bias": 0.3 * jax.random.normal(keys[1], (HIDDEN,))},
+        "dense_1": {"kernel": jax.random.normal(keys[2], (HIDDEN, C)), "bias": 0.3 * jax.random.normal(keys[3], (C,))},
+    }
+
+
+def test_laplace_on_the_last_layer_of_a_pretrained_network_is_the_exact_conditional_posterior():
+    # Frozen at the trained hidden layer, the output layer of a Gaussian network with fixed σ is a
+    # Bayesian linear regression on the features φ = [tanh(X W0 + b0), 1]: its posterior is
+    # N(Λ⁻¹Φᵀy/σ², Λ⁻¹), Λ = ΦᵀΦ/σ² + I/s², which Laplace's exact GGN reproduces (float64 rounding).
+    X, y = _data("gaussian")
+    trained = _trained()
+    sigma, scale = 0.3, 1.5
+    net = Network(mlp, trained, likelihood="gaussian", noise_scale=sigma, prior_scale=scale, last_layer="dense_1",
+                  pretrained=True)
+    post = ppl.fit(net, (X, y), method="laplace", seed=0, prior_precision=None, num_draws=20)
+    assert post.info["hessian"] == "full" and post.info["num_free"] == HIDDEN + 1 and post.status.converged
+    phi = np.c_[np.tanh(X @ np.asarray(trained["dense_0"]["kernel"]) + np.asarray(trained["dense_0"]["bias"])),
+                np.ones(len(X))]
+    precision = phi.T @ phi / sigma**2 + np.eye(HIDDEN + 1) / scale**2
+    cov = np.linalg.inv(precision)
+    mean = cov @ phi.T @ y / sigma**2
+    problem = post.problem
+    index = np.flatnonzero(np.isin(np.repeat([s.name for s in problem.sites], [s.size for s in problem.sites]),
+                                   ["dense_1.kernel", "dense_1.bias"]))
+    # the free coordinates in site order: dense_1.bias comes before dense_1.kernel in the tree's (sorted) order
+    order = np.r_[np.arange(1, HIDDEN + 1), 0]
+    q = post.approximation
+    np.testing.assert_allclose(np.asarray(q.mean)[index][order], mean, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(np.asarray(q.covariance())[np.ix_(index, index)][np.ix_(order, order)], cov,
+                               rtol=1e-8, atol=1e-12)
+    # every draw holds the hidden layer at its trained values
+    for site in ("dense_0.kernel", "dense_0.bias"):
+        path = site.split(".")
+        np.testing.assert_array_equal(np.asarray(post.draws[site]),
+                                      np.broadcast_to(np.asarray(trained[path[0]][path[1]]), post.draws[site].shape))
+
+
+def test_a_pretrained_network_tunes_its_prior_over_the_covered_weights_and_learns_sigma():
+    # the default for a pretrained network: the prior precision by the evidence over the Gaussian's
+    # own coordinates (the model's prior is not the one the weights were trained under), σ learned,
+    # every other weight at its trained value
+    X, y = _data("gaussian")
+    trained = _trained()
+    net = Network(mlp, trained, likelihood="gaussian", last_layer="dense_1", pretrained=True)
+    post = ppl.fit(net, (X, y), method="laplace", seed=0, num_draws=20)
+    assert post.status.converged, post.status.convergence
+    assert len(post.info["prior_precision"]) == 2 and "noise_scale" in post.info
+    np.testing.assert_array_equal(np.asarray(post.draws["dense_0.kernel"][0, 0]), np.asarray(trained["dense_0"]["kernel"]))
+    # the tuned precision of the covered layer is the evidence's optimum given the trained features
+    # (the closed form of a linear model's type-II ML: α = γ/‖m‖², γ = P − α·tr Σ, at the fixed point)
+    q, alpha = post.approximation, post.info["prior_precision"][1]
+    problem = post.problem
+    names = np.repeat([s.name for s in problem.sites], [s.size for s in problem.sites])
+    index = np.flatnonzero(np.isin(names, ["dense_1.kernel", "dense_1.bias"]))
+    m, trace = np.asarray(q.mean)[index], np.trace(np.asarray(q.covariance())[np.ix_(index, index)])
+    assert alpha == pytest.approx((len(index) - alpha * trace) / float(m @ m), rel=1e-3)
+
+
+def test_pretrained_values_are_part_of_the_model_and_start_where_asked(tmp_path):
+    X, y = _data("bernoulli")
+    a = Network(mlp, _trained(seed=1), likelihood="bernoulli", last_layer="dense_1", pretrained=True)
+    b = Network(mlp, _trained(seed=2), likelihood="bernoulli", last_layer="dense_1", pretrained=True)
+    shapes_only = Network(mlp, template(3, 1), likelihood="bernoulli", last_layer="dense_1")
+    assert a != b and a == Network(mlp, _trained(seed=1), likelihood="bernoulli", last_layer="dense_1", pretrained=True)
+    problem = compile_problem(a, (X, y))
+    start = problem.unravel(problem.init_position(jax.random.PRNGKey(0), "pretrained"))
+    np.testing.assert_array_equal(np.asarray(start["dense_0.kernel"]), np.asarray(_trained(seed=1)["dense_0"]["kernel"]))
+    # map from the trained values moves every weight; laplace's search moves only its own
+    fine_tuned = ppl.fit(a, (X, y), method="map", seed=0, init="pretrained", steps=50)
+    assert float(np.max(np.abs(np.asarray(fine_tuned.draws["dense_0.kernel"][0, 0])
+                               - np.asarray(_trained(seed=1)["dense_0"]["kernel"])))) > 1e-3
+    # a saved run records which trained values it built on
+    post = ppl.fit(a, (X, y), method="laplace", seed=0, num_draws=10)
+    post.save(tmp_path / "run")
+    np.testing.assert_array_equal(ppl.load(tmp_path / "run", model=a).flat_draws, post.flat_draws)
+    with pytest.raises(ppl.RunError, match="values_digest: saved"):
+        ppl.load(tmp_path / "run", model=b)
+    # refused before any work: no trained values to start from; members that would all start alike
+    with pytest.raises(OptionError, match="init='pretrained' starts from a network's trained values"):
+        ppl.fit(shapes_only, (X, y), method="laplace", seed=0, init="pretrained")
+    with pytest.raises(OptionError, match="init='pretrained' starts from a network's trained values"):
+        ppl.fit(shapes_only, (X, y), method="map", seed=0, init="pretrained")
+    with pytest.raises(OptionError, match="would start all 5 members at the same trained weights"):
+        ppl.fit(a, (X, y), method="ensemble", seed=0, init="pretrained")
+    with pytest.raises(OptionError, match="Network.pretrained must be True"):
+        Network(mlp, template(3, 1), likelihood="bernoulli", pretrained="yes")

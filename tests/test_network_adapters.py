@@ -312,3 +312,55 @@ def test_kfac_refuses_a_flax_layer_applied_twice():
     net = Network.from_flax(Shared(), X[:2], likelihood="bernoulli")
     with pytest.raises(OptionError, match="layer 'Dense_0' is applied more than once"):
         ppl.fit(net, (X, y), method="laplace", seed=0, hessian="kfac", steps=20)
+
+
+# -- weights trained outside ppl ---------------------------------------------------------------------------
+def test_flax_params_trained_elsewhere_are_where_laplace_starts_and_what_it_holds():
+    linen = pytest.importorskip("flax.linen")
+    nnx = pytest.importorskip("flax.nnx")
+    import ppl
+
+    class MLP(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            return linen.Dense(1)(jnp.tanh(linen.Dense(HIDDEN)(x)))  # Dense(1) is built first: Dense_0 is the output
+
+    X, y = _data()
+    with pytest.raises(OptionError, match="last_layer='Dense_1' is not the output layer: the layer applied last is 'Dense_0'"):
+        Network.from_flax(MLP(), X[:2], likelihood="bernoulli", last_layer="Dense_1")
+
+    class MLP(linen.Module):
+        @linen.compact
+        def __call__(self, x):
+            hidden = jnp.tanh(linen.Dense(HIDDEN)(x))
+            return linen.Dense(1)(hidden)
+
+    module = MLP()
+    trained = jax.tree_util.tree_map(lambda a: a + 0.5, module.init(jax.random.PRNGKey(7), X[:2])["params"])
+    net = Network.from_flax(module, X[:2], params=trained, likelihood="bernoulli", last_layer="Dense_1")
+    assert net.pretrained and net == Network.from_flax(module, X[:2], params={"params": trained},
+                                                        likelihood="bernoulli", last_layer="Dense_1")
+    assert net != Network.from_flax(module, X[:2], likelihood="bernoulli", last_layer="Dense_1")
+    np.testing.assert_array_equal(net.pretrained_values()["Dense_0.kernel"], np.asarray(trained["Dense_0"]["kernel"]))
+    post = ppl.fit(net, (X, y), method="laplace", seed=0, subset="Dense_1/*", num_draws=20)
+    assert post.info["num_free"] == HIDDEN + 1 and post.status.converged, post.status.convergence
+    np.testing.assert_array_equal(np.asarray(post.draws["Dense_0.kernel"][0, 3]), np.asarray(trained["Dense_0"]["kernel"]))
+    with pytest.raises(OptionError, match=r"params does not match MLP's parameters \(missing \['Dense_1'\]\['bias'\]"):
+        Network.from_flax(module, X[:2], params={"Dense_0": trained["Dense_0"], "Dense_1": {"kernel": trained["Dense_1"]["kernel"]}},
+                          likelihood="bernoulli")
+    with pytest.raises(OptionError, match=r"\['Dense_0'\]\['kernel'\] is \(2, 5\), the module's is \(3, 5\)"):
+        Network.from_flax(module, X[:2], params={**trained, "Dense_0": {**trained["Dense_0"], "kernel": jnp.zeros((2, HIDDEN))}},
+                          likelihood="bernoulli")
+
+    class Net(nnx.Module):
+        def __init__(self, rngs):
+            self.hidden, self.out = nnx.Linear(3, HIDDEN, rngs=rngs), nnx.Linear(HIDDEN, 1, rngs=rngs)
+
+        def __call__(self, x):
+            return self.out(jnp.tanh(self.hidden(x)))
+
+    model = Net(nnx.Rngs(3))  # as if trained: its own values, passed back as its Param state
+    nnx_net = Network.from_flax(model, params=nnx.state(model, nnx.Param), likelihood="bernoulli", last_layer="out")
+    np.testing.assert_array_equal(nnx_net.pretrained_values()["hidden.kernel"], np.asarray(model.hidden.kernel.value))
+    post = ppl.fit(nnx_net, (X, y), method="laplace", seed=0, num_draws=20)
+    np.testing.assert_array_equal(np.asarray(post.draws["hidden.kernel"][0, 0]), np.asarray(model.hidden.kernel.value))
