@@ -100,7 +100,7 @@ def loss_figure(posterior, path: Path) -> Path:
         tiny = max(1e-7 * max(1.0, abs(floor)), float(np.min(gap[gap > 0])) if np.any(gap > 0) else 1e-12)
         axes.plot(steps, np.maximum(gap, tiny), lw=0.8, label=f"member {m}" if losses.shape[0] > 1 else None)
     axes.set_yscale("log")
-    per_round = posterior.options.get("steps") if isinstance(posterior.options, dict) else None
+    per_round = posterior.round_length
     if isinstance(per_round, int) and 0 < per_round < losses.shape[1]:
         for edge in range(per_round, losses.shape[1], per_round):
             axes.axvline(edge + 0.5, color="grey", lw=0.6, ls=":")

@@ -51,10 +51,12 @@ class Method:
     def __post_init__(self):
         check_option_types(self)
 
-    def posterior_kind(self) -> str:
-        """The kind of posterior this configuration produces (a method whose options change it,
-        such as svi with a point-mass guide, overrides this)."""
-        return self.kind
+    @classmethod
+    def saved_kinds(cls, options: dict, model_fields: dict) -> tuple:
+        """The posterior kinds a run with ``options`` (as saved) of a model whose saved record has
+        ``model_fields`` can produce: what the loader lets a saved run claim. A method whose
+        options change the kind (svi with a point-mass guide) overrides this."""
+        return (cls.kind,)
 
     @classmethod
     def remedy(cls, posterior, topic: str) -> str:
@@ -76,6 +78,13 @@ class Method:
             )
         steps = (posterior.options or {}).get("steps")
         return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"
+
+    @classmethod
+    def round_length(cls, posterior) -> int | None:
+        """Steps in one round of a run that is judged in rounds (the loss figure marks where each new
+        round began), or None. Most optimisers run rounds of ``steps``."""
+        steps = (posterior.options or {}).get("steps")
+        return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
     @classmethod
     def remeasure(cls, posterior, key) -> None:

@@ -286,6 +286,15 @@ class SVI(Method):
             warnings.warn(f"svi: objective='iwae' with num_particles=1 is exactly the ELBO; running it {how}",
                           UserWarning, stacklevel=3)
 
+    @classmethod
+    def saved_kinds(cls, options: dict, model_fields: dict) -> tuple:
+        guide = options.get("guide", "auto")
+        if guide == "auto":
+            guide = "delta" if _decoder_is_a_point(model_fields) else "mean_field"
+        if isinstance(guide, str) and guide in GUIDES and not guide_class(guide).has_density:
+            return ("point",)
+        return (cls.kind,)
+
     def global_guide_name(self, problem) -> str:
         """``guide="auto"``: ``full_rank`` for a model without hidden layers of at most
         ``FULL_RANK_MAX`` parameters (P(P+1)/2 scale entries), ``low_rank`` for a larger one
@@ -300,7 +309,8 @@ class SVI(Method):
         if self.guide != "auto":
             return self.guide
         if problem.local_sites:
-            return "mean_field" if getattr(problem.model, "bayesian_decoder", True) else "delta"
+            point = _decoder_is_a_point({"bayesian_decoder": getattr(problem.model, "bayesian_decoder", True)})
+            return "delta" if point else "mean_field"
         if self.local_reparam:
             return "mean_field"
         if problem.is_declarative and len(problem.parameter_groups()) > 1:
@@ -453,3 +463,9 @@ class SVI(Method):
         return run_to_posterior(objective, config, problem, start, run_key, learning_rate=self.learning_rate,
                                 label=f"svi ({self.guide}, {self.objective})", session=session, build=build,
                                 judged=judged)
+
+
+def _decoder_is_a_point(model_fields: dict) -> bool:
+    """A model with local latents whose decoder is not Bayesian (``VAE(bayesian_decoder=False)``):
+    its global sites have flat priors, so ``guide="auto"`` point-estimates them."""
+    return model_fields.get("bayesian_decoder", True) is False

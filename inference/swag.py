@@ -41,7 +41,7 @@ from ppl.inference import _empirical_bayes as empirical_bayes
 from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
 from ppl.inference._curvature import largest_eigenvalue
 from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
-from ppl.inference.ensemble import member_keys, train_members
+from ppl.inference.ensemble import check_distinct_starts, member_keys, train_members
 from ppl.inference.optimize import INITS, OptimizerConfig, fit_mode, minimize, mode_config, select
 
 SHARPNESS_ITERATIONS = 30  # power iterations behind the learning-rate cap
@@ -143,6 +143,10 @@ class SWAG(Method):
     model_options: ClassVar[tuple] = ("prior_precision",)
     kind: ClassVar[str] = "independent"
     loss_label: ClassVar[str] = "mean negative log joint per row, on each SGD minibatch after the MAP"
+
+    @classmethod
+    def round_length(cls, posterior) -> None:
+        return None  # the trace is the one pass of swag_steps that collects the moments
     description: ClassVar[str] = (
         "SWAG: Gaussian (diagonal plus rank K) from the moments of an SGD trajectory started at the MAP"
     )
@@ -327,6 +331,7 @@ class MultiSWAG(SWAG):
 
     def __post_init__(self):
         check_positive_int(self.name, "num_members", self.num_members)
+        check_distinct_starts(self.name, self.init, self.num_members)
         super().__post_init__()
 
     def _members(self) -> int:

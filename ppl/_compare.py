@@ -195,7 +195,10 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             raise _interrupted(method, list(result.posteriors), fits)
         result.posteriors[method] = posterior
         log(f"  {method} done in {posterior.wall_time_s:.1f} s")
+    started = time.perf_counter()
+    log(f"scoring {len(result.posteriors)} fits on the test split (predictives, calibration, function-space diagnostics) …")
     _score(result, test, ood, seed, dataset)
+    log(f"  scored in {time.perf_counter() - started:.1f} s")
     result.rows.sort(key=lambda r: chosen["run"].index(r["method"]))  # the order fitted, reference first
     return result
 

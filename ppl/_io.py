@@ -1062,20 +1062,16 @@ def read_meta(snapshot: Snapshot) -> tuple[dict, dict | None]:
 def _kinds_allowed(method: str, family: str | None, options: dict, model: dict) -> tuple:
     """The posterior kinds a run of registered ``method`` with ``options`` and a saved approximation
     of kind ``family`` can have: what the approximation admits, narrowed to what the method declares
-    (a point only where the method gives one: MAP, or SVI with the delta guide, which ``guide="auto"``
-    picks for a VAE whose decoder is not Bayesian)."""
+    for those options and that model (``Method.saved_kinds``: a point only where the method gives
+    one, as MAP, or SVI with a point-mass guide)."""
     if family is None:
         by_family = ("chains", "members")
     elif family == "point":
         by_family = ("point",)
     else:
         by_family = ("mixture",) if family.startswith("mixture:") else ("independent",)
-    declared = {registry.get(method).kind}
-    guide = options.get("guide", "auto")
     fields = model.get("fields") if isinstance(model.get("fields"), dict) else {}
-    if method == "svi" and (guide == "delta" or (
-            guide == "auto" and model.get("class") == "VAE" and fields.get("bayesian_decoder") is False)):
-        declared = {"point"}
+    declared = set(registry.get(method).saved_kinds(options, fields))
     return tuple(k for k in by_family if k in declared)
 
 

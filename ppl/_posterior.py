@@ -682,6 +682,11 @@ class Posterior:
         """What the loss in ``trace`` is, in the words of the method that ran (``Method.loss_label``)."""
         return (registry.get(self.method) if self.method in registry.METHODS else Method).loss_label
 
+    @property
+    def round_length(self) -> int | None:
+        """Steps per round of the run in ``trace`` (``Method.round_length``), or None."""
+        return (registry.get(self.method) if self.method in registry.METHODS else Method).round_length(self)
+
     def hold_out(self, X, y):
         """Judge this run also on rows ``(X, y)`` it was not fitted on; returns the posterior.
 

@@ -96,6 +96,12 @@ def test_what_ran_names_the_choices_a_method_resolved():
                       {"subset": "last_layer", "hessian": "full", "rank": 5})
     method = next(line for line in lines if line.startswith("  method"))
     assert method == "  method    laplace(subset='last_layer' (from 'auto'), hessian='full' (from 'auto'), rank=20, batch_size=None)"
+    # a tuned prior (one precision per layer) and a resolved start are shown too; a long array is not
+    lines = what_ran("laplace", {"prior_precision": "auto", "init": "auto", "subset": "auto"}, 0, {},
+                     {"prior_precision": [1.0, 17.728609761827464], "init": "pretrained", "subset": list(range(20))})
+    method = next(line for line in lines if line.startswith("  method"))
+    assert method == ("  method    laplace(prior_precision=[1, 17.73] (from 'auto'), init='pretrained' (from 'auto'), "
+                      "subset='auto')")
 
 
 # -- runs never overwrite each other ---------------------------------------------------------------
@@ -319,6 +325,8 @@ def test_show_plots_writes_the_figures_that_apply(tmp_path):
     (["compare", "--set", "hiden=3"], "hidden"),
     (["compare", "--set", "nuts.num_chain=2"], "num_chains"),
     (["compare", "--methods", "map,lapalce"], "laplace"),
+    (["fit", "--model", "bnn", "--data", "two_moons", "--methdo", "map"], "--method"),
+    (["compare", "--methds", "map"], "--methods"),
 ])
 def test_a_misspelt_name_gets_a_suggestion_beside_the_valid_ones(argv, suggestion, capsys, tmp_path, monkeypatch):
     from ppl.cli import main
@@ -359,3 +367,34 @@ def test_class_labels_fitted_by_a_regression_likelihood_are_warned_about():
         ppl.fit(BNN(hidden=(4,), likelihood="bernoulli"), (X[:40], np.asarray(y[:40], dtype=int)), method="map",
                 seed=0, steps=50)
         ppl.fit(BNN(hidden=(4,)), (X[:40], np.arange(40) % 5 + 3), method="map", seed=0, steps=50)
+
+
+def test_the_loss_figure_shows_the_whole_descent_and_marks_the_method_s_own_rounds(tmp_path, linear_data):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from ppl._records import TrainingTrace
+    from ppl.diagnostics import plots
+
+    def axes_of(post, name):
+        figures = []
+        original = plots._save
+        plots._save = lambda figure, path: figures.append(figure) or path
+        try:
+            plots.loss_figure(post, tmp_path / name)
+        finally:
+            plots._save = original
+        return figures[0].axes[0]
+
+    post = ppl.fit(ppl.models.LinearRegression(), linear_data.train, method="map", seed=0, steps=10, max_steps=50)
+    post.trace = TrainingTrace(losses=100.0 + np.exp(-np.arange(45) / 5.0))  # a descent of 1e-4 on a loss of 100
+    axes = axes_of(post, "map.png")
+    assert axes.get_yscale() == "log" and axes.yaxis.get_offset_text().get_text() == ""
+    assert post.loss_label in axes.get_title()
+    rounds = [line for line in axes.get_lines() if line.get_linestyle() == ":"]
+    assert [float(line.get_xdata()[0]) for line in rounds] == [10.5, 20.5, 30.5, 40.5]
+    # SWAG's trace is one pass collecting moments: no rounds, whatever its steps (the MAP's) are
+    swag = ppl.fit(ppl.models.LinearRegression(), linear_data.train, method="swag", seed=0, steps=10, swag_steps=60,
+                   collect_every=5)
+    assert swag.round_length is None
+    assert not [line for line in axes_of(swag, "swag.png").get_lines() if line.get_linestyle() == ":"]

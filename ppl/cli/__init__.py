@@ -15,7 +15,7 @@ import sys
 from ppl import _interrupt
 from ppl._cache import use_compilation_cache
 from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
-from ppl.cli._arguments import UsageError, build_parser
+from ppl.cli._arguments import UsageError, build_parser, parse_arguments
 
 # command -> (module of ppl.cli, its function taking the parsed arguments)
 COMMANDS = {
@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     # moment to its last: each is remembered until acted on, and ends the command with 128 + its number.
     with _interrupt.command():
         try:
-            args = build_parser().parse_args(argv)
+            args = parse_arguments(build_parser(), argv)
             name = f"ppl {args.command}"
             if not getattr(args, "no_cache", True):
                 use_compilation_cache()

@@ -49,6 +49,20 @@ class _Parser(argparse.ArgumentParser):
         super().error(message)
 
 
+def parse_arguments(parser: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, but an unknown flag is reported by the subcommand it was given
+    to, with its usage, a "did you mean" for a near miss of one of its flags, and the flags it has."""
+    args, extra = parser.parse_known_args(argv)
+    if not extra:
+        return args
+    command = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[args.command]
+    flags = sorted({s for action in command._actions for s in action.option_strings if s.startswith("--")})
+    unknown = [e.split("=", 1)[0] for e in extra if e.startswith("-")]
+    hints = "".join(did_you_mean(flag, flags) for flag in unknown[:1])
+    command.error(f"unrecognized arguments: {' '.join(extra)}{hints}; the options of ppl {args.command} are "
+                  f"{', '.join(flags)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ppl", description="Bayesian inference for neural-network weights.")
     parser.add_argument("--version", action="version", version=f"ppl {_version()}")

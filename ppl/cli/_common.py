@@ -211,10 +211,22 @@ def _shown_option(key: str, value, info: dict) -> str:
     """``key=value``, and for a choice left to the method (``"auto"``, None) what the run chose when
     its record says (``hessian='full' (from 'auto')``)."""
     chosen = info.get(key)
-    if (value == "auto" or value is None) and isinstance(chosen, (str, int, float)) and not isinstance(chosen, bool) \
-            and chosen != value:
-        return f"{key}={chosen!r} (from {value!r})"
+    if (value == "auto" or value is None) and _plain_choice(chosen) and chosen != value:
+        return f"{key}={_choice_text(chosen)} (from {value!r})"
     return f"{key}={value!r}"
+
+
+def _plain_choice(value) -> bool:
+    """A resolved choice worth printing: a name, a number, or a short list of numbers (one per layer)."""
+    if isinstance(value, (list, tuple)):
+        return 0 < len(value) <= 8 and all(_plain_choice(v) and not isinstance(v, str) for v in value)
+    return isinstance(value, (str, int, float)) and not isinstance(value, bool)
+
+
+def _choice_text(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_choice_text(v) for v in value) + "]"
+    return f"{value:.4g}" if isinstance(value, float) else repr(value)
 
 
 def what_ran(method: str, options: dict, seed, provenance: dict, info: dict | None = None) -> list[str]:
