@@ -464,6 +464,11 @@ class WhitenedChains(Method):
         ``draws_done`` stored draws."""
         return chain_stats, {}
 
+    def _resolved(self, steps) -> dict:
+        """``info`` entries for the options left to the method (None), under the option's name: what
+        the run chose (``steps``: each chain's step size)."""
+        return {}
+
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         session = session or Session()
@@ -578,6 +583,7 @@ class WhitenedChains(Method):
                                  temperature=temperature)
         chain_stats, extra = self._record(chain_stats, state, done)
         info.update(extra)
+        info.update(self._resolved(steps))
         return Posterior(
             method=self.name, kind=self.kind, problem=problem, flat_draws=flat,
             status=RunStatus(interrupted=done < target, steps_done=done), chain_stats=chain_stats, info=info,
@@ -603,6 +609,12 @@ class _SGMCMC(WhitenedChains):
             check_positive(self.name, "step_size", self.step_size)
         if self.batch_size is not None:
             check_positive_int(self.name, "batch_size", self.batch_size)
+
+    def _resolved(self, steps) -> dict:
+        if self.step_size is not None:
+            return {}
+        per_chain = [float(v) for v in np.ravel(np.asarray(steps, dtype=float))]
+        return {"step_size": per_chain[0] if len(set(per_chain)) == 1 else per_chain}
 
     @classmethod
     def remeasure(cls, posterior, key) -> None:
@@ -1072,6 +1084,12 @@ class CyclicalSGLD(_SGMCMC):
                         "sampling stage does not spread out again")
             return "lower exploration (a longer sampling stage in each cycle), or raise num_warmup"
         return super().remedy(posterior, topic)
+
+    def _resolved(self, steps) -> dict:
+        found = super()._resolved(steps)
+        if self.num_cycles is None:
+            found["num_cycles"] = self.num_samples // self._draws_per_cycle()
+        return found
 
     def _draws_per_cycle(self) -> int:
         if self.num_cycles is not None:

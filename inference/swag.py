@@ -251,13 +251,14 @@ class SWAG(Method):
         if scale == "auto":
             network = problem.is_declarative and len(problem.parameter_groups()) > 1
             scale = NETWORK_SCALE if network else "elbo"
+        chosen = {"scale": scale} if self.scale == "auto" else {}  # what "auto" resolved to, for the record
         if scale != "elbo":
-            return (float(scale),) * count, {}
+            return (float(scale),) * count, chosen
         components = self._family(moments, rank, (1.0,) * count)
         components = (components,) if members is None else components.components
         found = [fit_scale(problem, q, jax.random.fold_in(key, m)) for m, q in enumerate(components)]
         return tuple(c for c, _ in found), {
-            "scale_fitted": np.asarray([c for c, _ in found]), "scale_elbo": np.asarray([e for _, e in found]),
+            **chosen, "scale_fitted": np.asarray([c for c, _ in found]), "scale_elbo": np.asarray([e for _, e in found]),
         }
 
     def _family(self, moments: SwagState, rank: int, scales: tuple):
