@@ -719,9 +719,11 @@ def export_layout(posterior) -> tuple:
                                       "and MCSE apply (for a network, to its outputs rather than its weights)")
     if posterior.kind == "members":
         return 1, (f"{total} separately trained optima, exported as the draws of one chain: their spread is the "
-                   "ensemble's, and R-hat, ESS and MCSE do not apply")
+                   "ensemble's, and R-hat, ESS and MCSE do not apply: summarise them with "
+                   "az.summary(data, kind='stats')")
     if posterior.kind == "point" or total < 2 * EXPORT_CHAINS:
-        return posterior.num_chains, "a point estimate (or too few draws): no spread to diagnose"
+        return posterior.num_chains, ("a point estimate (or too few draws): no spread to diagnose; "
+                                      "az.summary(data, kind='stats') shows the values")
     chains = EXPORT_CHAINS if total % EXPORT_CHAINS == 0 else (2 if total % 2 == 0 else 1)
     return chains, (f"{total} independent draws of the fitted approximation q ({posterior.method}), split into "
                     f"{chains} chains of {total // chains} so that ESS and MCSE apply; R-hat of independent draws is 1 "

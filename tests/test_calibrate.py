@@ -435,6 +435,34 @@ def test_cli_calibrate_saves_into_the_run_and_predict_and_show_use_it(tmp_path, 
     assert "--uncalibrated" in capsys.readouterr().err
 
 
+def test_cli_calibrate_then_predict_for_a_regression_run(tmp_path, monkeypatch, capsys):
+    # every documented regression combination, each followed by predict: conformal intervals when an
+    # alpha is given; without one there is nothing to calibrate (no temperature), said with what to do
+    from ppl.cli import main
+
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 200), ("cal", 200), ("new", 100)):
+        X = rng.normal(size=(n, 2))
+        y = X @ [1.5, -2.0] + 0.5 * rng.normal(size=n)
+        (tmp_path / f"{name}.csv").write_text("a,b,y\n" + "\n".join(f"{p:.4f},{q:.4f},{t:.4f}" for (p, q), t in zip(X, y)))
+    monkeypatch.chdir(tmp_path)
+    assert main(["fit", "--model", "linear", "--data", "train.csv", "--target", "y", "--method", "map", "--out", "run",
+                 "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["calibrate", "run", "--data", "cal.csv", "--seed", "4"]) == 2
+    assert "a regression run has no temperature to fit; give --alpha" in capsys.readouterr().err
+    for options in (["--alpha", "0.1"], ["--alpha", "0.2", "--score", "residual"], ["--no-temperature", "--alpha", "0.1"]):
+        assert main(["calibrate", "run", "--data", "cal.csv", "--seed", "4", *options]) == 0, options
+        assert main(["predict", "run", "--data", "new.csv", "--out", "p.csv"]) == 0, options
+        header, *lines = (tmp_path / "p.csv").read_text().splitlines()
+        columns = header.split(",")
+        assert {"conformal_lower", "conformal_upper"} <= set(columns) and len(lines) == 100
+        low, high = (np.array([float(line.split(",")[columns.index(c)]) for line in lines])
+                     for c in ("conformal_lower", "conformal_upper"))
+        assert np.all(high > low)
+        capsys.readouterr()
+
+
 @pytest.mark.parametrize("where", ["fitting", "saving"])
 def test_cli_calibrate_stopped_by_ctrl_c_leaves_the_run_as_it_was(tmp_path, monkeypatch, capsys, where):
     # Ctrl-C while the conformal threshold is fitted, or while the run is staged with its new

@@ -298,6 +298,16 @@ def test_independent_draws_export_as_chains_that_arviz_summarises_cleanly(linear
         summary = az.summary(idata)
     assert not [r for r in caplog.records if "Shape validation" in r.getMessage()]
     assert np.all(np.isfinite(summary["r_hat"])) and np.all(summary["ess_bulk"] > 500)
+    # an ensemble's members are no chains: the summary its export names is clean, and holds their spread
+    members = ppl.fit(linear_model, linear_data.train, method="ensemble", seed=0)
+    export = members.to_arviz()
+    assert "az.summary(data, kind='stats')" in export.posterior.attrs["ppl_draws"]
+    caplog.clear()
+    with warnings.catch_warnings(), caplog.at_level(logging.WARNING):
+        warnings.simplefilter("error")
+        stats = az.summary(export, kind="stats", round_to="none")
+    assert not caplog.records and "r_hat" not in stats.columns
+    np.testing.assert_allclose(stats.loc["w[0]", "mean"], np.mean(members.draws["w"][..., 0]), rtol=1e-9)
 
 
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
