@@ -593,14 +593,16 @@ class Network(SupervisedModel):
 
 def _trained_tree(module, template, trained):
     """``trained`` (a Flax parameter tree) checked against the module's own ``template``: the same
-    paths, shapes and floating dtypes, as arrays."""
+    paths and shapes, as arrays (Network checks that they are finite floating-point numbers)."""
     name = type(module).__name__
     try:
         theirs = jax.tree_util.tree_flatten_with_path(trained)
     except Exception as error:
         raise OptionError(f"Network.from_flax: params is not a parameter tree ({type(error).__name__}: {error})") from None
+
     def shapes(pairs):
         return {jax.tree_util.keystr(path): tuple(np.shape(value)) for path, value in pairs}
+
     want, got = shapes(jax.tree_util.tree_flatten_with_path(template)[0]), shapes(theirs[0])
     if want != got:
         missing = sorted(set(want) - set(got))

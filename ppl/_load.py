@@ -282,7 +282,9 @@ def _load_from(snapshot: Snapshot, model, trust: bool):
     if record["kind"] == "declarative" and record.get("class") == "Network":
         X = _check_array(folder, arrays, "data/X")
         data = (X, _check_array(folder, arrays, "data/y", kinds="biuf"))
-        model = _given_network(model, record, data, folder, tuned="prior_precision" in meta.get("info", {}))
+        # only a method that can replace the prior (its model_options) may bring one of its own
+        tunes = "prior_precision" in getattr(registry.get(meta["method"]), "model_options", ())
+        model = _given_network(model, record, data, folder, tuned=tunes and "prior_precision" in meta.get("info", {}))
     elif record["kind"] == "declarative":
         if model is not None:
             raise RunError(f"{folder}: this run's model is a declarative {record.get('class')}; load it without model=")

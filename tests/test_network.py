@@ -459,3 +459,25 @@ def test_pretrained_values_are_part_of_the_model_and_start_where_asked(tmp_path)
         ppl.fit(a, (X, y), method="ensemble", seed=0, init="pretrained")
     with pytest.raises(OptionError, match="Network.pretrained must be True"):
         Network(mlp, template(3, 1), likelihood="bernoulli", pretrained="yes")
+
+
+def test_a_crafted_run_cannot_bring_its_own_prior_past_the_given_network(tmp_path):
+    # the loader takes a tuned prior from the record only for a method that can tune one: an svi run
+    # edited to say it tuned, with another prior, is refused, not loaded with the file's prior
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
+    from make_malicious_run import reseal
+
+    X, y = _data("bernoulli")
+    net = Network(mlp, template(3, 1), likelihood="bernoulli", last_layer="dense_1")
+    ppl.fit(net, (X, y), method="svi", seed=0, steps=50, num_draws=10).save(tmp_path / "run")
+    meta = json.loads((tmp_path / "run" / "posterior.json").read_text())
+    meta["info"]["prior_precision"] = [100.0, 100.0]
+    meta["model"]["fields"]["prior"] = {"prior": "PerLayer", "scales": [0.1, 0.1]}
+    (tmp_path / "run" / "posterior.json").write_text(json.dumps(meta))
+    reseal(tmp_path / "run")
+    with pytest.raises(ppl.RunError, match="prior: saved"):
+        ppl.load(tmp_path / "run", model=net)
