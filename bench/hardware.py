@@ -19,7 +19,7 @@ import jax
 
 import ppl
 from bench import _harness
-from ppl._problem import compile_problem
+from ppl.core.problem import compile_problem
 from ppl.models import BNN
 
 PARTICLES = 8

@@ -17,9 +17,9 @@ import time
 
 import numpy as np
 
-import ppl
-from ppl import _progress
+from ppl.core import progress
 from ppl.models import BNN
+import ppl
 
 CASES = [
     ("nuts", dict(num_samples=20000, num_chains=1)),
@@ -35,13 +35,13 @@ def main() -> None:
     print(f"{'method':<6} {'signal→loop stop (s)':>21} {'signal→return (s)':>18} {'median chunk (s)':>17} {'steps done':>14}")
     for method, options in CASES:
         stamps = []
-        real = _progress.advance
+        real = progress.advance
 
         def advance(steps, phase=0):
             stamps.append(time.perf_counter())
             real(steps, phase)
 
-        _progress.advance = advance
+        progress.advance = advance
         sent = {}
 
         def press():
@@ -56,7 +56,7 @@ def main() -> None:
         except ppl.Interrupted as stop:  # still in warmup: nothing to return but the state
             done = f"{stop.resume_state.progress['steps_done']} (warmup)"
         finally:
-            _progress.advance = real
+            progress.advance = real
             timer.cancel()
         returned = time.perf_counter()
         gaps = np.diff(np.unique(np.round(stamps, 4)))

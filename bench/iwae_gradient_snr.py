@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import ppl  # noqa: E402
-from ppl.inference.objectives import IWAE, GuideLoss  # noqa: E402
+from ppl.core.objectives import IWAE, GuideLoss  # noqa: E402
 from ppl.models import VAE  # noqa: E402
 
 KS = (1, 8, 64)
@@ -93,7 +93,7 @@ def main() -> None:
     for K, g, direct in cases:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)  # K = 1: "iwae with num_particles=1 is the ELBO"
-            method = ppl.inference.registry.create("svi", {"objective": "iwae", "num_particles": K,
+            method = ppl.core.registry.create("svi", {"objective": "iwae", "num_particles": K,
                                                            "gradient": "dreg" if g.startswith("dreg") else g})
         guide = method.guide_object(problem)
         objective = direct if direct is not None else method.objective_object(problem)

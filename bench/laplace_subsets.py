@@ -31,12 +31,12 @@ import numpy as np
 import optax
 from scipy.special import log_softmax
 
-import ppl
-from ppl._posterior import classification_prediction
-from ppl._problem import compile_problem
+from ppl.core.posterior import classification_prediction
+from ppl.core.problem import compile_problem
 from ppl.diagnostics.metrics import classification_metrics, ood_auroc
 from ppl.inference.laplace import Laplace
 from ppl.models import CNN, Network
+import ppl
 
 SUBSETS = {
     "last layer": {"subset": "last_layer"},

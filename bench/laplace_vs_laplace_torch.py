@@ -87,8 +87,8 @@ import numpy as np
 
 import ppl
 from bench import _harness
-from ppl._posterior import _linearized_outputs
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.posterior import _linearized_outputs
 from ppl.models import BNN
 
 INSTALL = """laplace-torch is not importable in this Python ({exe}): {error}

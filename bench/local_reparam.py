@@ -22,8 +22,8 @@ import numpy as np  # noqa: E402
 from jax.flatten_util import ravel_pytree  # noqa: E402
 
 import ppl  # noqa: E402
+from ppl.core.objectives import ELBO, GuideLoss  # noqa: E402
 from ppl.inference.guides import MeanField  # noqa: E402
-from ppl.inference.objectives import ELBO, GuideLoss  # noqa: E402
 from ppl.models import BNN  # noqa: E402
 
 REPEATS = 300

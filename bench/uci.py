@@ -32,8 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
-import ppl
 from ppl.models import BNN
+import ppl
 
 # Published test log-likelihoods (and RMSE) on these splits, mean over splits.
 ANCHORS = {

@@ -47,7 +47,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 
 import ppl  # noqa: E402
-from ppl.diagnostics import vae_report  # noqa: E402
+from ppl import vae_report  # noqa: E402
 from ppl.models import VAE  # noqa: E402
 
 STEPS = 10_000

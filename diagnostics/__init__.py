@@ -18,7 +18,6 @@ from ppl.diagnostics.metrics import (
 )
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 from ppl.diagnostics.report import compute_diagnostics, to_inference_data
-from ppl.diagnostics.vae import VAEReport, vae_report
 
 __all__ = [
     "compute_diagnostics",
@@ -38,6 +37,4 @@ __all__ = [
     "total_variation",
     "wasserstein1",
     "shift_metrics",
-    "vae_report",
-    "VAEReport",
 ]

@@ -10,7 +10,7 @@ from typing import NamedTuple
 import numpy as np
 from scipy.special import ndtr
 
-from ppl._results import Prediction
+from ppl.core.results import Prediction
 
 __all__ = [
     "classification_metrics", "regression_metrics", "expected_calibration_error", "NUM_ECE_BINS",

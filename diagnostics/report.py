@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.special import logsumexp
 
-from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
+from ppl.core.results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics import _arviz
 from ppl.diagnostics._arviz import psis
 from ppl.diagnostics.convergence import max_rhat, min_ess
@@ -332,7 +332,7 @@ def _density_checks(posterior, found: Findings):
             "chains": "samplers have no density q(θ)", "members": "an ensemble of optima has no density q(θ)",
         }.get(posterior.kind, "a point estimate has no density")
         if posterior.problem is not None and posterior.problem.local_sites:
-            reason = "the model has local latents: see ppl.diagnostics.vae_report for per-datum k-hat"
+            reason = "the model has local latents: see ppl.vae_report for per-datum k-hat"
         found.note(("khat", "khat_threshold", *_MOMENT_FIELDS), reason)
         if record.elbo is None:
             found.note(("elbo", "iwae"), reason)

@@ -42,8 +42,7 @@ QUICK_METHODS = ["map", "laplace", "svi", "ivon", "ensemble", "swag"]
 
 
 def registered_methods() -> list[str]:
-    from ppl.inference import registry
-
+    from ppl.core import registry
     return [m for m in registry.METHODS if m != "nuts"]
 
 
@@ -52,8 +51,7 @@ def run(seed: int, quick: bool) -> dict:
     methods = QUICK_METHODS if quick else registered_methods()
     problem = ppl.compile_problem(MODEL, data.train)
     accepted, refused = [], {}
-    from ppl.inference import registry
-
+    from ppl.core import registry
     for method in methods:  # what refuses this model says why before anything is fitted
         try:
             registry.create(method, {}).check(problem)

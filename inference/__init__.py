@@ -1,7 +1,7 @@
-"""Inference backends. Methods are reached through :mod:`ppl.inference.registry`, lazily."""
+"""Inference backends. Methods are reached through :mod:`ppl.core.registry`, lazily."""
 
 from __future__ import annotations
 
-from ppl.inference.registry import METHODS, create, describe, get
+from ppl.core.registry import METHODS, create, describe, get
 
 __all__ = ["METHODS", "create", "describe", "get"]

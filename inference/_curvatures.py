@@ -26,9 +26,9 @@ import importlib
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._errors import OptionError, did_you_mean
-from ppl.inference import _curvature as curvature
-from ppl.inference._gaussian import Diagonal, Full, Kronecker, PrecisionLowRank
+from ppl.core import curvature
+from ppl.core.errors import OptionError, did_you_mean
+from ppl.core.gaussian import Diagonal, Full, Kronecker, PrecisionLowRank
 from ppl.inference.exact import NotPositiveDefiniteError, check_positive_definite, factor_precision, flat_names
 
 __all__ = ["STRUCTURES", "Structure", "structure", "names", "likelihood_pieces", "whole_layers", "not_positive_definite"]

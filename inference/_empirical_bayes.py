@@ -38,10 +38,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ppl._checkpoint import Interrupted
-from ppl._errors import OptionError
-from ppl._problem import compile_problem
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.checkpoint import Interrupted
+from ppl.core.errors import OptionError
+from ppl.core.problem import compile_problem
 from ppl.inference import _curvatures as structures
 from ppl.inference.optimize import OptimizerConfig, fit_mode, mode_stationarity
 

@@ -27,9 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._checkpoint import Session
-from ppl._posterior import Posterior
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.checkpoint import Session
+from ppl.core.posterior import Posterior
 from ppl.inference.ensemble import Ensemble, member_keys
 from ppl.inference.optimize import (
     full_gradient, gradient_evidence, has_moved, round_convergence, run_to_posterior,

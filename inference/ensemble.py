@@ -24,10 +24,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._checkpoint import Session
-from ppl._errors import OptionError
-from ppl._posterior import Posterior
-from ppl.inference._base import check_positive_int
+from ppl.core.checkpoint import Session
+from ppl.core.errors import OptionError
+from ppl.core.method import check_positive_int
+from ppl.core.posterior import Posterior
 from ppl.inference.map import MAP
 from ppl.inference.optimize import (
     NegativeLogJoint, OptimizerConfig, full_gradient, gradient_evidence, has_moved, minimize, round_convergence,

@@ -45,11 +45,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from ppl._errors import OptionError
-from ppl._posterior import Posterior
-from ppl._records import Evidence
-from ppl.inference._base import Method, check_positive_int
-from ppl.inference._gaussian import Full, Gaussian, draw
+from ppl.core.errors import OptionError
+from ppl.core.gaussian import Full, Gaussian, draw
+from ppl.core.method import Method, check_positive_int
+from ppl.core.posterior import Posterior
+from ppl.core.records import Evidence
 from ppl.models import LinearRegression
 
 __all__ = ["Exact", "gaussian_integral", "GaussianIntegral", "NotPositiveDefiniteError"]

@@ -4,7 +4,7 @@ A guide is a frozen, hashable dataclass with two methods:
 
 * ``init(frame, key) -> params`` — variational parameters (a pytree) that start at ``frame``;
 * ``family(params)`` — the approximation those parameters describe, an object the rest of ppl
-  already understands (a :class:`~ppl.inference._gaussian.Gaussian`, a ``PointMass`` or a
+  already understands (a :class:`~ppl.core.gaussian.Gaussian`, a ``PointMass`` or a
   :class:`FlowFamily`): it samples, has ``log_prob`` (k-hat, IWAE), is saved and loaded;
 
 and declares what ``svi`` needs to know of it (the :class:`Guide` base gives the defaults):
@@ -24,7 +24,7 @@ Adam's fixed step then means the same thing on a coefficient with posterior sd 1
 with sd 10. The frame is part of the parameters (saved, checkpointed) but never trained: its
 gradient is stopped, so Adam leaves it exactly where it started.
 
-The objective (:mod:`ppl.inference.objectives`) only uses ``family(params)``, so any guide
+The objective (:mod:`ppl.core.objectives`) only uses ``family(params)``, so any guide
 composes with any objective.
 """
 
@@ -38,10 +38,10 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ppl._errors import OptionError, did_you_mean
-from ppl.inference._flow import FlowFamily, flow_weights
-from ppl.inference._curvature import site_offsets
-from ppl.inference._gaussian import Diagonal, Full, Gaussian, KroneckerFactors, LowRankDiagonal, PointMass, Subset
+from ppl.core.curvature import site_offsets
+from ppl.core.errors import OptionError, did_you_mean
+from ppl.core.flow import FlowFamily, flow_weights
+from ppl.core.gaussian import Diagonal, Full, Gaussian, KroneckerFactors, LowRankDiagonal, PointMass, Subset
 
 __all__ = [
     "Frame", "Guide", "MeanField", "LowRank", "FullRank", "Delta", "Flow", "MatrixNormal", "FlowFamily", "Amortized",

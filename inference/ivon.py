@@ -40,13 +40,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ppl._checkpoint import Session
-from ppl._data import check_batch_size
-from ppl._errors import OptionError
-from ppl._posterior import Posterior
-from ppl.inference import _curvature as curvature
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference._gaussian import Diagonal, Gaussian, draw
+from ppl.core import curvature
+from ppl.core.checkpoint import Session
+from ppl.core.data import check_batch_size
+from ppl.core.errors import OptionError
+from ppl.core.gaussian import Diagonal, Gaussian, draw
+from ppl.core.method import Method, check_choice, check_positive, check_positive_int
+from ppl.core.posterior import Posterior
 from ppl.inference.optimize import (
     INITS, OptimizerConfig, budget_of, check_budget, has_moved, round_convergence, run_to_posterior, stationarity,
 )

@@ -35,14 +35,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._data import check_batch_size
-from ppl._errors import MemoryBudgetError, OptionError
-from ppl._posterior import Posterior
-from ppl._records import Evidence, TrainingTrace
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.data import check_batch_size
+from ppl.core.errors import MemoryBudgetError, OptionError
+from ppl.core.posterior import Posterior
+from ppl.core.records import Evidence, TrainingTrace
 from ppl.inference import _curvatures as structures
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference._base import (
+from ppl.core.method import (
     MEMORY_BUDGET_BYTES,
     Method,
     check_choice,
@@ -50,7 +50,7 @@ from ppl.inference._base import (
     check_positive,
     check_positive_int,
 )
-from ppl.inference._gaussian import Full, Gaussian, Subset, draw
+from ppl.core.gaussian import Full, Gaussian, Subset, draw
 from ppl.inference.exact import factor_precision, flat_names
 from ppl.inference.optimize import (
     INITS, NegativeLogDensity, NegativeLogJoint, OptimizerConfig, fit_mode, full_gradient, minimize, mode_config,

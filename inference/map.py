@@ -9,12 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ppl._checkpoint import Session
-from ppl._data import check_batch_size
-from ppl._errors import OptionError
-from ppl._posterior import Posterior
+from ppl.core.checkpoint import Session
+from ppl.core.data import check_batch_size
+from ppl.core.errors import OptionError
+from ppl.core.method import Method, check_choice, check_positive, check_positive_int
+from ppl.core.posterior import Posterior
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
 from ppl.inference.optimize import INITS, OPTIMIZERS, OptimizerConfig, budget_of, check_budget, fit_mode, mode_config
 
 __all__ = ["MAP"]

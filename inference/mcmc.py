@@ -24,15 +24,15 @@ import jax.numpy as jnp
 import numpy as np
 from numpyro.infer.hmc import hmc
 
-from ppl import _interrupt, _progress
-from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
-from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._posterior import Posterior
-from ppl._records import ChainStats, RunStatus
-from ppl.inference import _devices
-from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
-from ppl.inference._loop import SamplerLoop, drive
-from ppl.inference._base import (
+from ppl.core import devices as _devices
+from ppl.core import interrupt, progress as _progress
+from ppl.core.checkpoint import Interrupted, ResumeState, Session, restore_tree
+from ppl.core.errors import NonFiniteError, OptionError, ResumeError
+from ppl.core.extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
+from ppl.core.loop import SamplerLoop, drive
+from ppl.core.posterior import Posterior
+from ppl.core.records import ChainStats, RunStatus
+from ppl.core.method import (
     Method,
     check_choice,
     extended_remedy,
@@ -420,7 +420,7 @@ class _ChainsLoop(SamplerLoop):
         # Vectorized chains share one loop, so the bars count steps of all chains at once.
         self.per_bar = 1 if method.chain_method == "vectorized" else method.num_chains
         self.lanes_by_chain: dict = {}
-        self.pace = _interrupt.ChunkPace(self.capacity, TARGET_CHUNK_S)
+        self.pace = interrupt.ChunkPace(self.capacity, TARGET_CHUNK_S)
 
     @property
     def total(self) -> int:

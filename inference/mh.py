@@ -23,8 +23,8 @@ import jax.numpy as jnp
 import numpy as np
 from blackjax.mcmc import random_walk
 
-from ppl._errors import OptionError
-from ppl.inference._base import extended_remedy
+from ppl.core.errors import OptionError
+from ppl.core.method import extended_remedy
 from ppl.inference.sgmcmc import WhitenedChains
 
 __all__ = ["MH", "MAX_COMFORTABLE"]

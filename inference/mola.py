@@ -3,7 +3,7 @@
 M networks are trained to M different MAPs from M prior draws by ``method="ensemble"`` (one
 compiled program, full-batch L-BFGS on the model's log joint); around each, a last-layer Laplace approximation
 is built exactly as ``method="laplace", subset="last_layer"`` builds it, and the result is the
-uniform :class:`~ppl.inference._gaussian.Mixture` of the M Gaussians. The modes explore
+uniform :class:`~ppl.core.gaussian.Mixture` of the M Gaussians. The modes explore
 different basins (what a deep ensemble gives), the Laplace components add uncertainty within
 each (what bounds a ReLU network's confidence far from the data); predict with
 ``mode="probit"`` (per component, averaged) as the paper does, or ``"linearized"``/``"mc"``.
@@ -19,12 +19,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._errors import OptionError
-from ppl._posterior import Posterior
-from ppl.inference._base import Method, check_choice, check_positive_int
-from ppl.inference._gaussian import Mixture, draw
-from ppl.inference.ensemble import member_keys, train_members
+from ppl.core.errors import OptionError
+from ppl.core.gaussian import Mixture, draw
+from ppl.core.method import Method, check_choice, check_positive_int
+from ppl.core.posterior import Posterior
 from ppl.inference import _empirical_bayes as empirical_bayes
+from ppl.inference.ensemble import member_keys, train_members
 from ppl.inference.laplace import HESSIANS, Laplace, centred_gaussian
 from ppl.inference.optimize import mode_config, mode_stationarity
 

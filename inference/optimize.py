@@ -21,15 +21,15 @@ import numpy as np
 import optax
 from scipy import stats
 
-from ppl import _interrupt, _progress
-from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
-from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._posterior import Posterior
-from ppl._records import RunStatus, TrainingTrace
-from ppl.inference import _devices
-from ppl.inference._base import check_positive_int
-from ppl.inference._gaussian import PointMass, from_arrays
-from ppl.inference._loop import Loop, drive
+from ppl.core import devices as _devices
+from ppl.core import interrupt, progress
+from ppl.core.checkpoint import Interrupted, ResumeState, Session, restore_tree
+from ppl.core.errors import NonFiniteError, OptionError, ResumeError
+from ppl.core.gaussian import PointMass, from_arrays
+from ppl.core.loop import Loop, drive
+from ppl.core.method import check_positive_int
+from ppl.core.posterior import Posterior
+from ppl.core.records import RunStatus, TrainingTrace
 
 __all__ = [
     "OptimizerConfig", "Minimized", "minimize", "run_to_posterior", "mode_config", "fit_mode", "loss_convergence", "round_convergence", "mode_stationarity",
@@ -249,7 +249,7 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
 def _run_chunk(objective, config, capacity, collector, problem, params, state, key, start, num_active, learning_rate,
                mesh=None):
     """:func:`_chunk` for one run, compiled. With a ``mesh`` (several devices), each step's
-    minibatch rows and the guide's draws are split over it (:mod:`ppl.inference._devices`)."""
+    minibatch rows and the guide's draws are split over it (:mod:`ppl.core.devices`)."""
     with _devices.constrained(mesh):
         if problem.is_declarative or problem.spec.kind == "unsupervised":
             # A full-batch step's rows split over the devices like a minibatch's.
@@ -499,7 +499,7 @@ class _MinimizeLoop(Loop):
             params, opt_state = jax.tree_util.tree_map(jnp.asarray, (params, opt_state))
             self.history.append(losses)
         self.params, self.opt_state, self.step = params, opt_state, step
-        self.pace = _interrupt.ChunkPace(self.capacity)
+        self.pace = interrupt.ChunkPace(self.capacity)
         self.finished = False
         self.judged_at = None  # the step of the last round's end judged
         self.previous = None  # the state at the start of the chunk before the current one
@@ -510,7 +510,7 @@ class _MinimizeLoop(Loop):
         return self.label, min(self.budget, max(steps, -(-self.step // steps) * steps))
 
     def begin(self) -> None:
-        _progress.advance(self.step)
+        progress.advance(self.step)
 
     def count(self) -> int:
         return self.step
@@ -527,7 +527,7 @@ class _MinimizeLoop(Loop):
         if self._settled():
             self.finished = True
             return False
-        _progress.extend(min(self.budget, self.step + self.config.steps))
+        progress.extend(min(self.budget, self.step + self.config.steps))
         return True
 
     def advance(self) -> None:
@@ -548,7 +548,7 @@ class _MinimizeLoop(Loop):
         self.params, self.opt_state = new_params, new_state
         self.history.append(losses)
         self.step += count
-        _progress.advance(count)
+        progress.advance(count)
 
     def snapshot(self) -> tuple:
         return self._partial(self.params, self.opt_state, self.step)

@@ -50,18 +50,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl import _progress
-from ppl._checkpoint import Interrupted, ResumeState, Session, restore_tree
-from ppl._data import check_batch_size
-from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._posterior import Posterior
-from ppl._records import ChainStats, RunStatus
-from ppl.inference import _curvature as curvature
-from ppl.inference import _devices
-from ppl.inference._base import Method, check_choice, check_positive, check_positive_int
-from ppl.inference._curvature import largest_eigenvalue
-from ppl.inference._extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
-from ppl.inference._loop import SamplerLoop, drive
+from ppl.core import curvature
+from ppl.core import devices as _devices
+from ppl.core import progress as _progress
+from ppl.core.checkpoint import Interrupted, ResumeState, Session, restore_tree
+from ppl.core.curvature import largest_eigenvalue
+from ppl.core.data import check_batch_size
+from ppl.core.errors import NonFiniteError, OptionError, ResumeError
+from ppl.core.extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
+from ppl.core.loop import SamplerLoop, drive
+from ppl.core.method import Method, check_choice, check_positive, check_positive_int
+from ppl.core.posterior import Posterior
+from ppl.core.records import ChainStats, RunStatus
 from ppl.inference.ensemble import train_members
 from ppl.inference.optimize import INITS, minibatch_indices, mode_config
 

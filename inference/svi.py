@@ -1,7 +1,7 @@
 """``svi``: stochastic variational inference — any guide × any objective, from a curvature-aware start.
 
 Guides (:mod:`ppl.inference.guides`): ``mean_field``, ``low_rank``, ``full_rank``, ``delta``,
-``flow``. Objectives (:mod:`ppl.inference.objectives`): ``elbo``, ``iwae``, ``renyi``, each with
+``flow``. Objectives (:mod:`ppl.core.objectives`): ``elbo``, ``iwae``, ``renyi``, each with
 ``beta`` and ``kl_warmup``. They compose: the guide says what q is, the objective how to score it.
 
 Where training starts decides whether it ends anywhere useful. A draw from a wide prior
@@ -38,15 +38,15 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.special import logsumexp
 
-from ppl import _interrupt
-from ppl._checkpoint import Interrupted, ResumeState, Session
-from ppl._data import check_batch_size
-from ppl._errors import NonFiniteError, OptionError
-from ppl._posterior import Posterior
-from ppl._records import Evidence
-from ppl._vae import importance_weights
-from ppl.inference import _curvature as curvature
-from ppl.inference._base import (
+from ppl.core import curvature
+from ppl.core import interrupt
+from ppl.core.checkpoint import Interrupted, ResumeState, Session
+from ppl.core.data import check_batch_size
+from ppl.core.errors import NonFiniteError, OptionError
+from ppl.core.posterior import Posterior
+from ppl.core.records import Evidence
+from ppl.core.vae import importance_weights
+from ppl.core.method import (
     Method,
     check_choice,
     check_dense_matrix,
@@ -55,9 +55,9 @@ from ppl.inference._base import (
     check_positive_int,
     check_stored_draws,
 )
-from ppl.inference._gaussian import draw
+from ppl.core.gaussian import draw
+from ppl.core.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
 from ppl.inference.guides import GUIDES, INIT_SCALE, Amortized, Frame, WithLocal, guide_class, make_guide
-from ppl.inference.objectives import ELBO, IWAE, OBJECTIVES, GuideLoss, Renyi
 from ppl.inference.optimize import (
     INITS,
     NegativeLogDensity,
@@ -414,7 +414,7 @@ class SVI(Method):
                 frame, start_note = self.starting_frame(problem, init_key)
             except Interrupted:
                 raise stopped from None
-            if _interrupt.requested():
+            if interrupt.requested():
                 raise stopped
         else:  # every number is replaced by the checkpoint's; only the structure matters
             frame, start_note = _frame_template(problem, self.init, self.batch_size), "resumed from a checkpoint"

@@ -32,15 +32,15 @@ import jax.numpy as jnp
 import numpy as np
 from scipy.optimize import minimize_scalar
 
-from ppl._checkpoint import Interrupted, Session
-from ppl._data import check_batch_size
-from ppl._errors import OptionError, ResumeError
-from ppl._posterior import Posterior
-from ppl._records import RunStatus, TrainingTrace
+from ppl.core.checkpoint import Interrupted, Session
+from ppl.core.curvature import largest_eigenvalue
+from ppl.core.data import check_batch_size
+from ppl.core.errors import OptionError, ResumeError
+from ppl.core.gaussian import Gaussian, LowRankDiagonal, Mixture, draw
+from ppl.core.method import Method, check_choice, check_init_posterior, check_positive, check_positive_int
+from ppl.core.posterior import Posterior
+from ppl.core.records import RunStatus, TrainingTrace
 from ppl.inference import _empirical_bayes as empirical_bayes
-from ppl.inference._base import Method, check_choice, check_init_posterior, check_positive, check_positive_int
-from ppl.inference._curvature import largest_eigenvalue
-from ppl.inference._gaussian import Gaussian, LowRankDiagonal, Mixture, draw
 from ppl.inference.ensemble import check_distinct_starts, member_keys, train_members
 from ppl.inference.optimize import INITS, OptimizerConfig, fit_mode, minimize, mode_config, select
 

@@ -19,7 +19,7 @@ import numpy as np
 import numpyro
 import numpyro.distributions as dist
 
-from ppl._errors import DataError
+from ppl.core.errors import DataError
 from ppl.models.priors import Prior, prior_record
 
 LIKELIHOODS = ("gaussian", "bernoulli", "categorical", "heteroscedastic")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpyro
 
-from ppl._errors import DataError
+from ppl.core.errors import DataError
 from ppl.models._base import ACTIVATIONS, LIKELIHOODS, Layer, SupervisedModel, check_choice, check_scale
 from ppl.models.priors import ByName, Isotropic, PerLayer, Prior
 

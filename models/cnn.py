@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._errors import DataError
+from ppl.core.errors import DataError
 from ppl.models._base import ACTIVATIONS, LIKELIHOODS, SupervisedModel, check_choice, check_scale, image_patches
 from ppl.models.network import MAX_INFERRED_CLASSES, Network
 from ppl.models.priors import Prior

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import numpyro
 
-from ppl._errors import DataError, OptionError
+from ppl.core.errors import DataError, OptionError
 from ppl.models._base import (
     ACTIVATIONS, LIKELIHOODS, OBSERVED_SITE, Layer, SupervisedModel, check_choice, check_scale, image_patches,
 )

@@ -28,9 +28,9 @@ import numpyro
 import numpyro.distributions as dist
 from numpyro.distributions import constraints
 
-from ppl._errors import DataError
-from ppl.models._base import DATA_PLATE, check_choice, check_flag, check_scale
+from ppl.core.errors import DataError
 from ppl.models._base import ACTIVATIONS
+from ppl.models._base import DATA_PLATE, check_choice, check_flag, check_scale
 
 __all__ = ["VAE", "Encoder", "LATENT_SITE", "OBSERVED_X", "SIGMA_FLOOR"]
 

@@ -13,37 +13,39 @@ from __future__ import annotations
 
 import importlib
 
-from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
+from ppl.core.errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 # Everything else is imported on first use (``ppl.fit`` loads JAX, ``ppl.datasets`` only NumPy), so that
 # ``import ppl`` and the command line's listing commands answer without loading JAX.
 _LAZY = {
     "datasets": "ppl.datasets",
-    "use_compilation_cache": "ppl._cache",
+    "use_compilation_cache": "ppl.core.cache",
     "Calibration": "ppl._calibrate",
     "Conformal": "ppl._calibrate",
     "calibrate": "ppl._calibrate",
     "conformal": "ppl._calibrate",
     "load_calibration": "ppl._calibrate",
-    "Interrupted": "ppl._checkpoint",
+    "Interrupted": "ppl.core.checkpoint",
     "Comparison": "ppl._compare",
     "ComparisonInterrupted": "ppl._compare",
     "compare": "ppl._compare",
     "evaluate": "ppl._evaluate",
     "fit": "ppl._fit",
-    "load": "ppl._load",
+    "load": "ppl.io.load",
     "sbc": "ppl._sbc",
+    "vae_report": "ppl._vae_report",
+    "VAEReport": "ppl._vae_report",
     "KFold": "ppl._kfold",
     "kfold": "ppl._kfold",
-    "Posterior": "ppl._posterior",
-    "Problem": "ppl._problem",
-    "compile_problem": "ppl._problem",
-    "ChainStats": "ppl._records",
-    "Evidence": "ppl._records",
-    "RunStatus": "ppl._records",
-    "TrainingTrace": "ppl._records",
-    "Diagnostics": "ppl._results",
-    "Prediction": "ppl._results",
+    "Posterior": "ppl.core.posterior",
+    "Problem": "ppl.core.problem",
+    "compile_problem": "ppl.core.problem",
+    "ChainStats": "ppl.core.records",
+    "Evidence": "ppl.core.records",
+    "RunStatus": "ppl.core.records",
+    "TrainingTrace": "ppl.core.records",
+    "Diagnostics": "ppl.core.results",
+    "Prediction": "ppl.core.results",
 }
 
 __all__ = [
@@ -73,6 +75,8 @@ __all__ = [
     "ResumeError",
     "Interrupted",
     "sbc",
+    "vae_report",
+    "VAEReport",
     "calibrate",
     "Calibration",
     "conformal",

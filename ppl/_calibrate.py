@@ -16,14 +16,14 @@ import numpy as np
 from scipy.optimize import minimize_scalar
 from scipy.special import log_softmax, logsumexp
 
-from ppl._data import validate_inputs, validate_supervised
-from ppl._errors import DataError, OptionError, RunError
-from ppl._io import save_posterior
-from ppl._keys import as_key
-from ppl._load import load_with
-from ppl._posterior import classification_prediction, entropy_of
-from ppl._results import Prediction
+from ppl.core.data import validate_inputs, validate_supervised
+from ppl.core.errors import DataError, OptionError, RunError
+from ppl.core.keys import as_key
+from ppl.core.posterior import classification_prediction, entropy_of
+from ppl.core.results import Prediction
 from ppl.diagnostics import classification_metrics
+from ppl.io.load import load_with
+from ppl.io.store import save_posterior
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = [

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ppl.inference import registry
+from ppl.core import registry
 from ppl.models import BNN, VAE, LinearRegression, LogisticRegression
 
 __all__ = ["methods_text", "rewrite"]

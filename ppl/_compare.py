@@ -18,17 +18,17 @@ from pathlib import Path
 
 import numpy as np
 
-import ppl
-from ppl import _io
-from ppl._errors import DataError, OptionError, ResumeError, did_you_mean
 from ppl._fit import differences, fingerprint_of
-from ppl._problem import compile_problem
+from ppl.core import registry
+from ppl.core.errors import DataError, OptionError, ResumeError, did_you_mean
+from ppl.core.problem import compile_problem
 from ppl.datasets import Dataset, Split
 from ppl.diagnostics import metrics as M
 from ppl.diagnostics._arviz import compare_elpd
 from ppl.diagnostics.compare_report import write_report
-from ppl.inference import registry
+from ppl.io import store
 from ppl.models import Network
+import ppl
 
 __all__ = ["compare", "Comparison", "ComparisonInterrupted"]
 
@@ -190,7 +190,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             log(f"  {method} failed: {_said(error)}")
             continue
         if path is not None:
-            _io.save_posterior(posterior, path)
+            store.save_posterior(posterior, path)
         if posterior.status.interrupted:
             raise _interrupted(method, list(result.posteriors), fits)
         result.posteriors[method] = posterior
@@ -217,7 +217,7 @@ def _saved_fits(fits, model, train, methods, seed, options) -> dict:
         path = folder / method
         if not (path / "manifest.json").is_file():
             continue
-        meta, _, _ = _io.read_run_meta(path)
+        meta, _, _ = store.read_run_meta(path)
         now = fingerprint_of(model, train, method, seed=seed, **options.get(method, {}))
         differ = differences(meta.get("fingerprint") or {}, now)
         if differ:

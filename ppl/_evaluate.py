@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ppl._data import validate_supervised
+from ppl.core.data import validate_supervised
 from ppl.diagnostics import classification_metrics, regression_metrics
 
 __all__ = ["evaluate"]

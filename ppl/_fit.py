@@ -11,16 +11,17 @@ import warnings
 import jax
 import numpy as np
 
-from ppl import _interrupt, _io, _load, _progress
-from ppl._checkpoint import Interrupted, Session
-from ppl._data import validate_supervised
-from ppl._errors import NonFiniteError, OptionError, ResumeError
-from ppl._keys import as_key, derived_key, seed_record
-from ppl._posterior import Posterior
-from ppl._problem import compile_problem
+from ppl.core import devices as _devices, registry
+from ppl.core import interrupt, progress
+from ppl.core.checkpoint import Interrupted, Session
+from ppl.core.data import validate_supervised
+from ppl.core.errors import NonFiniteError, OptionError, ResumeError
+from ppl.core.keys import as_key, derived_key, seed_record
+from ppl.core.method import check_stored_draws
+from ppl.core.posterior import Posterior
+from ppl.core.problem import compile_problem
 from ppl.diagnostics.report import convergence_shortfall
-from ppl.inference import _devices, registry
-from ppl.inference._base import check_stored_draws
+from ppl.io import store, load
 from ppl.models import SupervisedModel
 
 __all__ = ["fit", "fingerprint_of"]
@@ -101,9 +102,9 @@ def fit(
         if checkpoint is None:
             raise OptionError("checkpoint_every needs checkpoint=<folder> to write to")
     if checkpoint is not None:
-        if not isinstance(checkpoint, _io.RunTarget):
-            checkpoint = _io.RunTarget(checkpoint, {})
-        _io.check_writable_run(checkpoint.path)
+        if not isinstance(checkpoint, store.RunTarget):
+            checkpoint = store.RunTarget(checkpoint, {})
+        store.check_writable_run(checkpoint.path)
     heldout = None
     if validation is not None:
         data, heldout = _split_validation(model, data, validation, seed)
@@ -123,7 +124,7 @@ def fit(
     )
     method_obj.check(problem)
     print_seed = seed_record(seed)
-    fingerprint = _io.fingerprint(problem, method_obj, print_seed)
+    fingerprint = store.fingerprint(problem, method_obj, print_seed)
     session = Session(shortfall=_convergence_shortfall)
     takes_session = "session" in inspect.signature(method_obj.run).parameters
     if not takes_session and (resume is not None or checkpoint_every is not None):
@@ -138,7 +139,7 @@ def fit(
         if len(chosen) > 1:
             posterior.info = {**(posterior.info or {}), "devices": len(chosen)}
         posterior.fingerprint = fingerprint
-        posterior.provenance = _io.provenance(problem, posterior.problem, method_obj)
+        posterior.provenance = store.provenance(problem, posterior.problem, method_obj)
         if heldout is not None:
             posterior.provenance["validation"] = {"fraction": float(validation), "rows": int(len(heldout[0]))}
             posterior.hold_out(*heldout)
@@ -151,7 +152,7 @@ def fit(
         def write(posterior, state):
             if posterior is not None:
                 stamp(posterior, time.perf_counter() - start)
-            _io.save_run(
+            store.save_run(
                 checkpoint.path, posterior, resume_state=state, fingerprint=fingerprint, status="checkpoint",
                 extra_files=checkpoint.extra_files,
             )
@@ -159,11 +160,11 @@ def fit(
         session.write = write
     # Compiling the problem takes seconds, during which the command line's Ctrl-C (or SIGTERM) only
     # set the flag: stop before the method starts rather than at its first chunk.
-    _interrupt.raise_pending()
+    interrupt.raise_pending()
     try:
         # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
         # assembled stops nothing and loses nothing.
-        with _interrupt.guard(), _progress.setting(progress_bar), _devices.use(chosen):
+        with interrupt.guard(), progress.setting(progress_bar), _devices.use(chosen):
             posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
     except Interrupted as error:
         error.fingerprint = fingerprint
@@ -176,7 +177,7 @@ def fit(
 
 
 def _convergence_shortfall(posterior) -> list:
-    """What a sampler asks before extending its run (see ``ppl.inference._extend``)."""
+    """What a sampler asks before extending its run (see ``ppl.core.extend``)."""
     return convergence_shortfall(posterior)
 
 
@@ -239,7 +240,7 @@ def _resume_state(resume, fingerprint: dict):
     elif isinstance(resume, Posterior):
         state, theirs = resume.resume_state, resume.fingerprint
     elif isinstance(resume, (str, os.PathLike)):
-        _, state, meta = _load.load_run(resume)
+        _, state, meta = load.load_run(resume)
         theirs = meta.get("fingerprint")
     else:
         raise OptionError(
@@ -249,7 +250,7 @@ def _resume_state(resume, fingerprint: dict):
         raise ResumeError(f"{resume!r} holds no state to resume: the run it records already finished")
     if theirs is None:
         raise ResumeError(f"{resume!r} does not record which run wrote it, so it cannot be checked; start afresh")
-    differences = _differences(theirs, _io.unjson(fingerprint))
+    differences = _differences(theirs, store.unjson(fingerprint))
     if differences:
         raise ResumeError(
             "the checkpoint belongs to another run — " + "; ".join(differences)
@@ -281,7 +282,7 @@ def fingerprint_of(model, data, method: str, *, seed, temperature: float = 1.0, 
     """
     method_obj = registry.create(method, options)
     problem = compile_problem(model, data, temperature=temperature, tempering=tempering, function_sites=function_sites)
-    return _io.unjson(_io.fingerprint(problem, method_obj, seed_record(seed)))
+    return store.unjson(store.fingerprint(problem, method_obj, seed_record(seed)))
 
 
 def method_options(method: str) -> tuple[str, ...]:

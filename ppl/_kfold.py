@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 import jax
 import numpy as np
 
-from ppl._data import validate_supervised
-from ppl._errors import OptionError
 from ppl._fit import fit
-from ppl._keys import as_key
+from ppl.core.data import validate_supervised
+from ppl.core.errors import OptionError
+from ppl.core.keys import as_key
 
 __all__ = ["kfold", "KFold"]
 

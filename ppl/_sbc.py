@@ -67,11 +67,11 @@ import numpy as np
 from numpyro import handlers
 from scipy.stats import binom, chi2
 
-from ppl import _progress
-from ppl._data import validate_program_data
-from ppl._errors import OptionError
 from ppl._fit import fit, method_options as options_of
-from ppl._keys import as_key
+from ppl.core import progress
+from ppl.core.data import validate_program_data
+from ppl.core.errors import OptionError
+from ppl.core.keys import as_key
 from ppl.diagnostics import convergence
 
 __all__ = ["sbc", "SBCResult", "default_num_bins", "symmetry_test", "chi_squared", "ranks_of"]
@@ -348,12 +348,12 @@ def _flatten(values: dict, sites: list, leading: int) -> np.ndarray:
 @contextlib.contextmanager
 def _quiet_fits():
     # N fits would each draw their own progress bars; SBC silences them and restores the setting.
-    previous = _progress._STATE["enabled"]
-    _progress.enable(False)
+    previous = progress._STATE["enabled"]
+    progress.enable(False)
     try:
         yield
     finally:
-        _progress.enable(previous)
+        progress.enable(previous)
 
 
 def _check_observed_argument(model_fn, observed: str) -> None:

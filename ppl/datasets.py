@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl._data import Split, check_finite, validate_supervised
-from ppl._errors import DataError, did_you_mean
+from ppl.core.data import Split, check_finite, validate_supervised
+from ppl.core.errors import DataError, did_you_mean
 
 __all__ = ["Dataset", "Split", "load", "load_file", "read_rows", "names", "DESCRIPTIONS", "rotate_images", "UCI_FOLDERS",
            "DATA_DIR_VARIABLE"]

@@ -26,7 +26,7 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import ppl  # noqa: E402
-from ppl._cache import CACHE_ENV  # noqa: E402
+from ppl.core.cache import CACHE_ENV  # noqa: E402
 from ppl.models import LinearRegression  # noqa: E402
 
 # One persistent compilation cache for the whole suite: the xdist workers, the command-line runs in

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ppl
-from ppl._problem import trace_count
 from ppl.cli import main
+from ppl.core.problem import trace_count
 from ppl.models import BNN, LinearRegression, LogisticRegression
+import ppl
 
 rng = np.random.default_rng(0)
 X = rng.standard_normal((20, 3))

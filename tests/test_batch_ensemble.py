@@ -6,11 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import ppl
-from ppl._problem import compile_problem
-from ppl.inference._curvature import site_offsets
+from ppl.core.curvature import site_offsets
+from ppl.core.problem import compile_problem
 from ppl.inference.batch_ensemble import sharing
 from ppl.models import BNN
+import ppl
 
 
 def test_a_member_is_the_shared_matrix_times_its_rank_one_factors():

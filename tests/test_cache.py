@@ -12,15 +12,15 @@ from pathlib import Path
 import jax
 import pytest
 
+from ppl.core.cache import CACHE_ENV
 import ppl
-from ppl._cache import CACHE_ENV
 
 # Each run is a new process, as a user's second `ppl fit` is; it prints its compile-cache events.
 FIT = """
 import sys, jax
 jax.config.update("jax_enable_x64", True)
-import ppl
 from ppl.models import LinearRegression
+import ppl
 events = {}
 jax.monitoring.register_event_listener(lambda name, **_: events.__setitem__(name, events.get(name, 0) + 1))
 print("folder", ppl.use_compilation_cache())

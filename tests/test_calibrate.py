@@ -12,10 +12,10 @@ import math
 import numpy as np
 import pytest
 
-import ppl
 from ppl._calibrate import _aps_cumulative, _fit_temperature, _scaled_nll, conformal_rank, scale_temperature
-from ppl._posterior import _class_log_probs, classification_prediction
+from ppl.core.posterior import _class_log_probs, classification_prediction
 from ppl.models import BNN, LinearRegression
+import ppl
 
 
 def _softmax(z):
@@ -352,7 +352,7 @@ def test_a_saved_calibration_and_conformal_reload_and_predict_the_same(blobs, tm
                                           ("task", "regression"), ("kind", "platt"), ("extra", 1)])
 def test_an_edited_calibration_is_refused_naming_the_field(blobs, tmp_path, field, value):
     from ppl._calibrate import CALIBRATION_FILE, calibration_record
-    from ppl._io import add_run_files
+    from ppl.io.store import add_run_files
 
     post, cal, _ = blobs
     conf = ppl.conformal(post, cal, alpha=ALPHA, seed=1)
@@ -468,7 +468,7 @@ def test_cli_calibrate_stopped_by_ctrl_c_leaves_the_run_as_it_was(tmp_path, monk
     # Ctrl-C while the conformal threshold is fitted, or while the run is staged with its new
     # file: exit 130, and the run folder holds the same bytes as before (no calibration.json, no
     # staging folder left beside it).
-    from ppl import _io
+    from ppl.io import store
     from ppl.cli import main
 
     rng = np.random.default_rng(5)
@@ -488,8 +488,8 @@ def test_cli_calibrate_stopped_by_ctrl_c_leaves_the_run_as_it_was(tmp_path, monk
     if where == "fitting":
         monkeypatch.setattr(ppl, "conformal", interrupted)
     else:
-        real_dump = _io._dump
-        monkeypatch.setattr(_io, "_dump", lambda obj: interrupted() if "format" not in obj else real_dump(obj))
+        real_dump = store._dump
+        monkeypatch.setattr(store, "_dump", lambda obj: interrupted() if "format" not in obj else real_dump(obj))
     assert main(["calibrate", "run", "--data", "cal.csv", "--alpha", "0.2"]) == 130
     assert "interrupted" in capsys.readouterr().err
     assert {p.name: p.read_bytes() for p in (tmp_path / "run").iterdir()} == before

@@ -10,12 +10,12 @@ import jax
 import numpy as np
 import pytest
 
-import ppl
-from ppl._errors import DataError, OptionError
-from ppl._problem import compile_problem
+from ppl.core.errors import DataError, OptionError
+from ppl.core.problem import compile_problem
 from ppl.models import CNN, Network
 from ppl.models.cnn import ConvNet
 from ppl.models.priors import FanIn
+import ppl
 
 
 def _direct(params, X, net: ConvNet):
@@ -102,8 +102,7 @@ def test_a_saved_cnn_run_reloads_given_the_cnn(tmp_path):
 
 
 def _kfac_and_ggn(model, X, y, seed):
-    from ppl.inference import _curvature as curvature
-
+    from ppl.core import curvature
     problem = compile_problem(model, (X, y))
     u = jax.numpy.asarray(np.random.default_rng(seed).normal(size=problem.num_params))
     dense = np.asarray(curvature.ggn(problem, u, None, "full", X.shape[0]))
@@ -142,8 +141,7 @@ def test_kfac_expand_counts_each_location_as_a_row():
 def test_kfac_expand_input_factor_is_the_mean_patch_outer_product():
     # A against its definition summed in numpy: the mean over images and pixels of [1, patch][1, patch]ᵀ,
     # with zero 'SAME' padding and patches in (row, column, channel) order.
-    from ppl.inference import _curvature as curvature
-
+    from ppl.core import curvature
     rng = np.random.default_rng(3)
     X, y = rng.normal(size=(5, 4, 3, 2)), rng.integers(0, 3, 5)
     model = CNN(channels=(2,), kernel=3, dense=(), pool=1, num_classes=3)

@@ -10,12 +10,12 @@ import subprocess
 import numpy as np
 import pytest
 
-import ppl
-from ppl import _interrupt, _progress
 from ppl._compare import format_table
 from ppl.cli import main
+from ppl.core import interrupt, progress
 from ppl.diagnostics import wasserstein1
 from ppl.models import LinearRegression
+import ppl
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +88,16 @@ def test_an_interrupted_comparison_continues_from_its_fits_folder(monkeypatch, t
     whole = ppl.compare(model, data, **settings)
 
     # Ctrl-C (its first SIGINT's effect) in the middle of the NUTS chains, after exact and map ended.
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
-    real, armed = _progress.advance, {"on": False, "reports": 0}
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    real, armed = progress.advance, {"on": False, "reports": 0}
 
     def advance(steps, phase=0):
         real(steps, phase)
         armed["reports"] += armed["on"]
         if armed["reports"] == 20:
-            _interrupt.request()
+            interrupt.request()
 
-    monkeypatch.setattr(_progress, "advance", advance)
+    monkeypatch.setattr(progress, "advance", advance)
     fits = tmp_path / "fits"
     with pytest.raises(ppl.ComparisonInterrupted, match="interrupted while fitting nuts") as stop:
         ppl.compare(model, data, fits=fits, log=lambda line: armed.update(on=armed["on"] or "nuts" in line), **settings)
@@ -176,16 +176,16 @@ def test_cli_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch)
 
 def test_cli_comparison_stopped_by_ctrl_c_resumes_from_its_folder(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
-    real, reports = _progress.advance, {"nuts": 0}
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    real, reports = progress.advance, {"nuts": 0}
 
     def advance(steps, phase=0):  # Ctrl-C's first SIGINT, ten chunks into NUTS (map and exact have ended)
         real(steps, phase)
         reports["nuts"] += reports.get("armed", 0)
         if reports["nuts"] == 10:
-            _interrupt.request()
+            interrupt.request()
 
-    monkeypatch.setattr(_progress, "advance", advance)
+    monkeypatch.setattr(progress, "advance", advance)
     printed = print
 
     def spy(*items, **kwargs):

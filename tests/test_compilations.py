@@ -11,8 +11,8 @@ import jax
 import numpy as np
 import pytest
 
-import ppl
 from ppl.models import BNN
+import ppl
 
 # Quick settings: the counts depend on the programs a method builds, not on how long they run.
 QUICK = {

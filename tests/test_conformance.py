@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 from conftest import NOISE, PRIOR, flat_params
 
-import ppl
-from ppl._problem import trace_count
+from ppl.core.problem import trace_count
+from ppl.core.registry import METHODS
 from ppl.diagnostics import _arviz
-from ppl.inference.registry import METHODS
 from ppl.models import Network
+import ppl
 
 FIT_CACHE: dict = {}
 
@@ -148,23 +148,23 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_mod
     from the saved state gives the uninterrupted run bit for bit. One-step methods refuse resume."""
     import inspect
 
-    from ppl import _interrupt, _progress
-    from ppl.inference.registry import get
+    from ppl.core import interrupt, progress
+    from ppl.core.registry import get
 
     full = _fit(method, linear_model, linear_data.train, 0)
     if "session" not in inspect.signature(get(method).run).parameters:
         with pytest.raises(ppl.OptionError, match="nothing to checkpoint or resume"):
             ppl.fit(linear_model, linear_data.train, method=method, seed=0, resume=tmp_path / "none")
         return
-    real, calls = _progress.advance, {"n": 0}
+    real, calls = progress.advance, {"n": 0}
 
     def advance(steps, phase=0):
         real(steps, phase)
         calls["n"] += 1
         if calls["n"] == 4:
-            _interrupt.request()
+            interrupt.request()
 
-    monkeypatch.setattr(_progress, "advance", advance)
+    monkeypatch.setattr(progress, "advance", advance)
     try:
         stopped = ppl.fit(linear_model, linear_data.train, method=method, seed=0)
         assert stopped.status.interrupted and stopped.resume_state is not None
@@ -179,8 +179,8 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_mod
 
 def test_declared_kind_matches_the_diagnostics(method, linear_model, linear_data):
     """A method declares what its draws are; the diagnostics must treat them as that."""
-    from ppl._results import POSTERIOR_KINDS
-    from ppl.inference.registry import get
+    from ppl.core.results import POSTERIOR_KINDS
+    from ppl.core.registry import get
 
     declared = get(method).kind
     assert declared in POSTERIOR_KINDS, f"{method} declares no posterior kind"

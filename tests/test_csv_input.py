@@ -9,8 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-import ppl
 from ppl.cli import main
+import ppl
 
 LABELS = ("setosa", "versicolor", "virginica")
 

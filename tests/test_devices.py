@@ -21,9 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from ppl.core import devices as _devices
 import ppl
-from ppl.inference import _devices
-
 # Each case: the model, the method, its options, and the relative tolerance of the comparison.
 # 1e-12: the two runs differ by the order of a handful of float64 sums (a few ulps), over a few
 # hundred steps of a stable iteration. SWAG: its covariance comes from E[θ²] − E[θ]², which
@@ -142,7 +141,7 @@ SHARDING_SCRIPT = """
 import jax
 jax.config.update("jax_num_cpu_devices", 4)
 import jax.numpy as jnp
-from ppl.inference import _devices
+from ppl.core import devices as _devices
 mesh = _devices.run_mesh(tuple(jax.devices()), particles=2)
 def f(x, z):
     with _devices.constrained(mesh):

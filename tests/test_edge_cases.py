@@ -12,10 +12,10 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-import ppl
 from ppl.cli import main
 from ppl.diagnostics import khat
 from ppl.models import LinearRegression
+import ppl
 
 
 def test_khat_of_degenerate_tails():

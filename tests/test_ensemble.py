@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ppl
 from ppl.models import BNN
+import ppl
 
 
 @pytest.fixture(scope="module")

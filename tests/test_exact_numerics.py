@@ -29,9 +29,9 @@ import pytest
 from conftest import closed_form
 from jax.scipy.linalg import cho_solve, solve_triangular
 
-import ppl
 from ppl.inference import exact
 from ppl.models import LinearRegression
+import ppl
 
 EPS = np.finfo(np.float64).eps
 TOL_FACTOR = 10.0

@@ -26,10 +26,11 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-import ppl
-from ppl import _interrupt, _io, _progress
 from ppl.cli import main
+from ppl.core import interrupt, progress
+from ppl.io import store
 from ppl.models import BNN, LinearRegression
+import ppl
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REPO = Path(__file__).resolve().parents[1]
@@ -195,7 +196,7 @@ def test_format_version_mismatch_names_both_versions(saved_run):
 
 def test_save_replaces_a_run_whole_and_refuses_other_folders(tmp_path, saved_run, linear_model, linear_data):
     folder, post = saved_run
-    _io.save_posterior(post, folder, extra_files={"summary.json": {"metrics": {}}})  # as ppl fit writes it
+    store.save_posterior(post, folder, extra_files={"summary.json": {"metrics": {}}})  # as ppl fit writes it
     other = ppl.fit(linear_model, linear_data.train, method="map", seed=1)
     other.save(folder)
     assert not (folder / "summary.json").exists()  # no stale file survives a replacement
@@ -221,7 +222,7 @@ def test_full_disk_during_save_keeps_the_old_run_and_the_result(tmp_path, saved_
     def no_space(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(_io.np, "savez", no_space)
+    monkeypatch.setattr(store.np, "savez", no_space)
     with pytest.raises(ppl.RunError, match="No space left.*still in memory"):
         other.save(folder)
     monkeypatch.undo()
@@ -268,15 +269,15 @@ def test_sigkill_during_save_leaves_the_old_or_the_new_run(tmp_path):
         seen.add(post.seed)
         assert post.seed in (0, 1) and post.num_draws == 20000
     # The lock died with the killed writer: a new writer gets in at once.
-    with _io.run_lock(folder):
+    with store.run_lock(folder):
         pass
 
 
 def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path, capsys):
     out = tmp_path / "run"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from ppl import _io\n"
-         "with _io.run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", str(out)],
+        [sys.executable, "-c", "import sys, time; from ppl.io import store\n"
+         "with store.run_lock(sys.argv[1]):\n    print('held', flush=True); time.sleep(60)", str(out)],
         stdout=subprocess.PIPE, text=True, cwd=REPO,
     )
     try:
@@ -293,16 +294,16 @@ def test_a_second_writer_is_refused_while_the_first_holds_the_folder(tmp_path, c
 # -- 2. Ctrl-C within a chunk, mid-chain, with everything kept -------------------------------------
 def _interrupt_after(monkeypatch, calls: int):
     """Press Ctrl-C (the first SIGINT's effect) during the ``calls``-th progress report."""
-    real = _progress.advance
+    real = progress.advance
     count = {"n": 0}
 
     def advance(steps, phase=0):
         real(steps, phase)
         count["n"] += 1
         if count["n"] == calls:
-            _interrupt.request()
+            interrupt.request()
 
-    monkeypatch.setattr(_progress, "advance", advance)
+    monkeypatch.setattr(progress, "advance", advance)
 
 
 NUTS = dict(num_warmup=60, num_samples=80, num_chains=2, time_budget=0)  # no extension: the draws are compared position by position
@@ -310,7 +311,7 @@ NUTS = dict(num_warmup=60, num_samples=80, num_chains=2, time_budget=0)  # no ex
 
 def test_interrupt_mid_chain_keeps_its_draws_and_resumes_bit_for_bit(monkeypatch, tmp_path, linear_model, linear_data):
     full = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: 10)
     # Two reports set where the bars start, then two per chunk: the 20th ends chunk 9 of chain 0
     # (90 of its 140 steps, so 30 draws after the 60 warmup steps).
     _interrupt_after(monkeypatch, 20)
@@ -372,7 +373,7 @@ def test_chunking_does_not_change_the_draws(monkeypatch, linear_model, linear_da
 
     paced = ppl.fit(linear_model, linear_data.train, method="nuts", seed=6, **NUTS)
     # One chunk per call for the whole run: the unchunked program.
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: mcmc.CHUNK_CAPACITY)
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: mcmc.CHUNK_CAPACITY)
     whole = ppl.fit(linear_model, linear_data.train, method="nuts", seed=6, **NUTS)
     np.testing.assert_array_equal(paced.flat_draws, whole.flat_draws)
 
@@ -380,7 +381,7 @@ def test_chunking_does_not_change_the_draws(monkeypatch, linear_model, linear_da
 def test_checkpoints_are_loadable_partial_runs(tmp_path, linear_model, linear_data):
     folder = tmp_path / "ck"
     post = ppl.fit(linear_model, linear_data.train, method="nuts", seed=7, checkpoint=folder, checkpoint_every=50, **NUTS)
-    meta, _, _ = _io.read_run_meta(folder)
+    meta, _, _ = store.read_run_meta(folder)
     assert meta["status"] == "checkpoint" and meta["resume"]["kind"] == "mcmc"
     # The last checkpoint resumes to the same result as the run that wrote it.
     resumed = ppl.fit(linear_model, linear_data.train, method="nuts", seed=7, resume=folder, **NUTS)
@@ -431,7 +432,7 @@ def test_sigint_mid_chain_stops_within_seconds_saves_and_exits_130(tmp_path):
         deadline = time.perf_counter() + 900  # generous: CI runs this beside a second pytest worker
         while time.perf_counter() < deadline:
             try:
-                if _io.read_run_meta(out)[0]["has_posterior"]:
+                if store.read_run_meta(out)[0]["has_posterior"]:
                     break
             except ppl.RunError:
                 pass
@@ -512,9 +513,10 @@ def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkey
 
 @pytest.mark.parametrize("where, presses", [("diagnostics", 1), ("metrics", 1), ("diagnostics", 2)])
 def test_ctrl_c_after_the_fit_saves_it_says_what_was_skipped_and_exits_130(tmp_path, monkeypatch, capsys, where, presses):
-    import ppl.diagnostics
+    import ppl.core.posterior
 
-    module, name = (ppl.diagnostics, "compute_diagnostics") if where == "diagnostics" else (ppl, "evaluate")
+    # the Posterior's diagnostics() calls the compute_diagnostics its module imported
+    module, name = (ppl.core.posterior, "compute_diagnostics") if where == "diagnostics" else (ppl, "evaluate")
     real = getattr(module, name)
 
     def pressed(*args, **kwargs):
@@ -551,7 +553,7 @@ STARTUP_SCRIPT = textwrap.dedent(
     import sys
     # Ctrl-C's disposition in a terminal (see SIGINT_SCRIPT for why it is set here).
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    import ppl._fit, ppl._progress, ppl.cli, ppl.cli.fit
+    import ppl._fit, ppl.core.progress, ppl.cli, ppl.cli.fit
 
     def announce(module, name, marker):
         real = getattr(module, name)
@@ -566,7 +568,7 @@ STARTUP_SCRIPT = textwrap.dedent(
     announce(ppl.cli, "build_parser", "parsing")
     announce(ppl.cli.fit, "load_data", "loading")
     announce(ppl._fit, "compile_problem", "compiling")
-    announce(ppl._progress, "task", "looping")  # the first chunk of the first loop compiles
+    announce(ppl.core.progress, "task", "looping")  # the first chunk of the first loop compiles
     sys.exit(ppl.cli.main(["fit", "--model", "bnn", "--data", "digits", "--method", "svi", "--set", "hidden=16",
                            "--set", "steps=100000", "--out", sys.argv[1], "--no-progress"]))
     """
@@ -589,7 +591,7 @@ def test_ctrl_c_during_start_up_exits_130_within_seconds(tmp_path, phase):
     # an idle machine, whereas 100,000 steps of svi would take many minutes.
     assert stopped < 60, stopped
     if out.exists():  # stopped in the loop: the state is kept, marked interrupted, and resumable
-        meta, _, _ = _io.read_run_meta(out)
+        meta, _, _ = store.read_run_meta(out)
         assert meta["status"] == "interrupted" and meta["resume"] is not None
 
 
@@ -607,7 +609,7 @@ def test_sigterm_mid_chain_saves_the_partial_run_and_exits_143(tmp_path):
         deadline = time.perf_counter() + 900
         while time.perf_counter() < deadline and child.poll() is None:
             try:
-                if _io.read_run_meta(out)[0]["has_posterior"]:
+                if store.read_run_meta(out)[0]["has_posterior"]:
                     break  # a checkpoint with draws: the chain is sampling
             except ppl.RunError:
                 pass
@@ -646,8 +648,8 @@ def test_sigterm_during_a_comparison_keeps_its_fits_and_exits_143(tmp_path):
     assert "Traceback" not in err and "interrupted while fitting nuts" in err and f"ppl compare --resume {out}" in err
     assert stopped < 120, stopped
     assert not (out / "report.html").exists() and (out / "invocation.json").is_file()
-    assert _io.read_run_meta(out / "fits" / "exact")[0]["status"] == "complete"
-    assert _io.read_run_meta(out / "fits" / "nuts")[0]["status"] == "interrupted"
+    assert store.read_run_meta(out / "fits" / "exact")[0]["status"] == "complete"
+    assert store.read_run_meta(out / "fits" / "nuts")[0]["status"] == "interrupted"
 
 
 KILL_POINT_SCRIPT = textwrap.dedent(
@@ -658,8 +660,8 @@ KILL_POINT_SCRIPT = textwrap.dedent(
     import sys
 
     import ppl
-    from ppl import _io, cli
-
+    from ppl import cli
+    from ppl.io import store
     point = int(sys.argv[1])
     state = {"armed": False, "calls": 0}
 
@@ -674,15 +676,15 @@ KILL_POINT_SCRIPT = textwrap.dedent(
         return wrapped
 
     os.replace, os.rename, shutil.rmtree = killing(os.replace), killing(os.rename), killing(shutil.rmtree)
-    _io._exchange = killing(_io._exchange)
+    store._exchange = killing(store._exchange)
     if sys.argv[2] == "fit":
-        save = _io.save_posterior
+        save = store.save_posterior
 
         def armed_save(*args, **kwargs):
             state["armed"] = True
             return save(*args, **kwargs)
 
-        _io.save_posterior = armed_save
+        store.save_posterior = armed_save
     else:
         comparison = ppl.compare
 
@@ -716,7 +718,7 @@ def _kill_points(tmp_path, command: list, check) -> int:
 
 @pytest.mark.slow
 def test_sigkill_during_the_cli_save_leaves_the_old_or_the_new_run_with_its_own_summary(tmp_path):
-    from ppl._io import read_run_files
+    from ppl.io.store import read_run_files
 
     out = tmp_path / "run"
     common = ["fit", "--model", "linear", "--data", "linear", "--method", "exact", "--out", str(out), "--no-progress",
@@ -757,7 +759,7 @@ def test_sigkill_during_a_comparisons_save_leaves_it_unfinished_absent_or_whole(
             return False
         json.loads((out / "comparison.json").read_text())
         ppl.load(out / "fits" / "exact")
-        return _io.read_run_meta(out / "fits" / "exact")[0]["status"] == "complete"
+        return store.read_run_meta(out / "fits" / "exact")[0]["status"] == "complete"
 
     def check(finished):
         if finished or (out / "report.html").exists():
@@ -818,7 +820,7 @@ def test_constant_log_ratios_fail_ok_when_q_does_not_spread(linear_model, linear
     diag = post.diagnostics()
     assert diag.khat == -np.inf and diag.ok, diag.warnings
     # Draws that all sit at one point also give constant ratios: that q is degenerate.
-    from ppl.inference._gaussian import Diagonal, Gaussian
+    from ppl.core.gaussian import Diagonal, Gaussian
 
     mean = exact.approximation.mean
     collapsed = Gaussian(mean, Diagonal(np.full(mean.shape, 1e-300)))
@@ -1012,7 +1014,7 @@ def test_a_guessed_classification_with_absent_classes_is_refused_and_task_overri
 
 def test_empty_widths_repeated_options_and_sites_of_2_to_the_32_values_are_refused(
         tmp_path, monkeypatch, capsys, linear_model, linear_data):
-    from ppl.inference._base import parse_value
+    from ppl.core.method import parse_value
 
     monkeypatch.chdir(tmp_path)
     fit = ["fit", "--model", "bnn", "--data", "linear", "--method", "map", "--out", "fitted", "--no-progress"]
@@ -1120,7 +1122,7 @@ def _wide_bnn_problem_data(width: int):
 
 
 def test_memory_over_asks_are_refused_before_anything_runs():
-    from ppl._problem import compile_problem
+    from ppl.core.problem import compile_problem
 
     model, data = _wide_bnn_problem_data(600)  # 64·600 + 600 + 600 + 1 ≈ 40k weights
     compile_problem(model, data)  # the problem's own one-off checks, outside what is measured
@@ -1151,12 +1153,11 @@ def test_memory_over_asks_are_refused_before_anything_runs():
 
 
 def test_prediction_over_many_inputs_runs_in_chunks(monkeypatch, linear_model, linear_data):
-    from ppl import _posterior
-
+    from ppl.core import posterior
     post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=200)
     X = np.random.default_rng(1).standard_normal((5000, linear_data.train[0].shape[1]))
     whole = post.predict(X, seed=0)
-    monkeypatch.setattr(_posterior, "PREDICT_CHUNK_BYTES", 200 * 8 * 700)  # 700 rows a chunk
+    monkeypatch.setattr(posterior, "PREDICT_CHUNK_BYTES", 200 * 8 * 700)  # 700 rows a chunk
     chunked = post.predict(X, seed=0)
     np.testing.assert_allclose(chunked.mean, whole.mean, rtol=1e-12)
     np.testing.assert_allclose(chunked.variance, whole.variance, rtol=1e-12)
@@ -1301,7 +1302,7 @@ def test_loading_while_another_process_saves_never_mixes_two_runs(tmp_path, line
 
 
 def test_an_edited_checkpoint_that_drops_a_chain_state_is_refused(monkeypatch, tmp_path, linear_model, linear_data):
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: 10)
     _interrupt_after(monkeypatch, 20)
     part = ppl.fit(linear_model, linear_data.train, method="nuts", seed=3, **NUTS)
     monkeypatch.undo()
@@ -1437,7 +1438,7 @@ def test_compare_force_never_deletes_a_fit_run_or_a_users_folder(tmp_path, capsy
 def test_compare_force_replaces_its_own_report_and_only_that(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(_compare_cli("cmp")) == 0
-    manifest = json.loads((tmp_path / "cmp" / _io.COMPARISON_MANIFEST).read_text())
+    manifest = json.loads((tmp_path / "cmp" / store.COMPARISON_MANIFEST).read_text())
     assert manifest["status"] == "complete" and {"report.html", "fits", "invocation.json"} <= set(manifest["entries"])
     assert main(_compare_cli("cmp")) == 2  # a report is replaced only when asked
     assert "--force" in capsys.readouterr().err
@@ -1454,7 +1455,7 @@ def test_compare_takes_the_writer_lock_of_fit_on_the_resolved_path(tmp_path, cap
     (tmp_path / "link").symlink_to(tmp_path / "real")
     # another process holds the writer's lock of the folder the link points into
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from ppl import _io\nwith _io.run_lock(sys.argv[1]):\n"
+        [sys.executable, "-c", "import sys, time; from ppl.io import store\nwith store.run_lock(sys.argv[1]):\n"
          "    print('held', flush=True); time.sleep(120)", str(tmp_path / "real" / "cmp")],
         stdout=subprocess.PIPE, text=True,
     )

@@ -11,8 +11,8 @@ import pytest
 from numpyro import handlers
 from numpyro.infer import Predictive, Trace_ELBO
 
-import ppl
 from ppl.models import LinearRegression
+import ppl
 
 NUMPYRO_PARTICLES = 4000
 
@@ -95,7 +95,7 @@ def test_a_networks_unsettled_map_start_keeps_where_the_climb_stopped(monkeypatc
     """A network's MAP climb that does not settle within its iterations still ends nearer the
     posterior than its prior-draw start (a network's priors have fixed scales: no funnel to run
     down), so the guide starts where it stopped; it used to start back at the climb's beginning."""
-    from ppl._problem import compile_problem
+    from ppl.core.problem import compile_problem
     from ppl.inference import svi
     from ppl.models import BNN
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import test_conformance as conformance
-from ppl.inference.registry import METHODS
+from ppl.core.registry import METHODS
 
 GUIDE = Path(__file__).resolve().parents[1] / "docs" / "adding_a_method.md"
 

@@ -18,10 +18,10 @@ import math
 import numpy as np
 import pytest
 
-import ppl
-from ppl._errors import OptionError, RunError
+from ppl.core.errors import OptionError, RunError
 from ppl.diagnostics.heldout import _baseline_classification, _baseline_regression, coverage_band
 from ppl.models import BNN
+import ppl
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +94,7 @@ def test_held_out_rows_are_saved_and_the_check_recomputed_on_load(collapsed, row
     # the held-out rows cannot be dropped halfway: inputs without targets are refused
     import zipfile
 
-    from ppl._io import ARRAYS
+    from ppl.io.store import ARRAYS
 
     with zipfile.ZipFile(tmp_path / "run" / ARRAYS) as archive:
         members = {m.filename: archive.read(m) for m in archive.infolist()}

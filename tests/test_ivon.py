@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from conftest import NOISE, PRIOR
 
-import ppl
-from ppl._errors import OptionError
+from ppl.core.errors import OptionError
 from ppl.inference.ivon import IVONRule
+import ppl
 
 
 def _precision_correlations(precision):
@@ -78,8 +78,8 @@ def test_the_update_keeps_h_positive_whatever_the_estimate():
 
 def test_bad_options_are_refused():
     with pytest.raises(OptionError, match="beta2 must lie in"):
-        ppl.inference.registry.create("ivon", {"beta2": 1.0})
+        ppl.core.registry.create("ivon", {"beta2": 1.0})
     with pytest.raises(OptionError, match="hess_init"):
-        ppl.inference.registry.create("ivon", {"hess_init": 0.0})
+        ppl.core.registry.create("ivon", {"hess_init": 0.0})
     with pytest.raises(OptionError, match="clip_radius"):
-        ppl.inference.registry.create("ivon", {"clip_radius": -1.0})
+        ppl.core.registry.create("ivon", {"clip_radius": -1.0})

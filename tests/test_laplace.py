@@ -20,12 +20,12 @@ from conftest import closed_form
 from scipy.optimize import minimize_scalar
 from scipy.stats import multivariate_normal
 
-import ppl
-from ppl._errors import MemoryBudgetError, OptionError
-from ppl._problem import compile_problem, trace_count
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.errors import MemoryBudgetError, OptionError
+from ppl.core.problem import compile_problem, trace_count
 from ppl.inference import _curvatures as structures
-from ppl.inference._gaussian import (
+import ppl
+from ppl.core.gaussian import (
     Diagonal,
     Full,
     Gaussian,
@@ -579,7 +579,7 @@ def test_multi_output_bad_input_is_refused():
 def test_heteroscedastic_noise_survives_row_chunking(monkeypatch):
     # The per-input noise of a heteroscedastic model must be joined across row chunks like the means
     # (it was once taken from the first chunk only).
-    import ppl._posterior as posterior_module
+    import ppl.core.posterior as posterior_module
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 2))

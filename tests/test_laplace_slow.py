@@ -11,8 +11,8 @@ import textwrap
 import numpy as np
 import pytest
 
-import ppl
 from ppl.models import BNN
+import ppl
 
 
 @pytest.mark.slow

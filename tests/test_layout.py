@@ -12,8 +12,8 @@ FOLDERS = {"ppl": "ppl", "models": "ppl.models", "inference": "ppl.inference", "
 
 
 def _from_names(node: ast.ImportFrom) -> list[str]:
-    # `from ppl.inference import laplace` imports the module ppl.inference.laplace: name it so
-    if node.module in ("ppl.inference", "ppl.diagnostics"):
+    # `from ppl.core import progress` imports the module ppl.core.progress: name it so
+    if node.module in ("ppl.core", "ppl.io", "ppl.inference", "ppl.diagnostics"):
         return [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
     return [node.module]
 
@@ -46,49 +46,79 @@ def _files(folder: str):
 CLI = ROOT / "ppl" / "cli"
 
 
-def test_models_and_diagnostics_import_only_core():
-    for folder in ("models", "diagnostics"):
-        for path in _files(folder):
-            for name in _all_imports(path):
-                if folder == "models":
-                    assert not name.startswith(("ppl.inference", "ppl.diagnostics")), (path, name)
-                else:
-                    assert not name.startswith(("ppl.inference", "ppl.models")), (path, name)
+# The layers, bottom to top. A module may import its own layer and the layers below; the table
+# lists, for each layer, the layers it must never import (at module level or inside a function).
+#   core         ppl/core/: errors, records, keys, data, Problem, Posterior, Gaussian families,
+#                curvature, method protocol and registry, objectives, run loop and its runtime
+#   models       models/: generative programs (import only the core's errors and their own priors)
+#   diagnostics  diagnostics/: pure functions of a Posterior (which they never import)
+#   io           ppl/io/: run folders (store), loading, the verdict decided again on load
+#   inference    inference/: one module per method family and the methods' shared algorithms
+#   api          ppl/*.py: fit, compare, kfold, calibrate, sbc, evaluate, vae_report, datasets
+#   cli          ppl/cli/: one module per command
+FORBIDDEN = {
+    "core": {"inference", "api", "cli"},
+    "models": {"core", "diagnostics", "io", "inference", "api", "cli"},
+    "diagnostics": {"io", "inference", "api", "cli"},
+    "io": {"inference", "api", "cli"},
+    "inference": {"diagnostics", "api", "cli"},
+    "api": {"cli"},
+    "cli": set(),
+}
+# what a layer may use of one it otherwise must not: models raise the core's errors; the Posterior's
+# diagnostics(), summary() and to_arviz() apply diagnostics/ to it; the core writes run folders
+# (checkpoints, Posterior.save) through the store; inference/ resumes through the same store
+EXCEPT = {
+    ("models", "ppl.core.errors"),
+    ("ppl.core.posterior", "ppl.diagnostics"),
+    ("core", "ppl.io.store"),
+    ("inference", "ppl.io.store"),
+}
+BELOW_POSTERIOR = ("ppl.diagnostics", "ppl.io.store")  # may not import the Posterior (it imports them)
 
 
-def test_inference_does_not_import_diagnostics():
-    for path in _files("inference"):
-        for name in _all_imports(path):
-            assert not name.startswith("ppl.diagnostics"), (path, name)
+def _layer(module: str) -> str:
+    for prefix, layer in (("ppl.core", "core"), ("ppl.models", "models"), ("ppl.diagnostics", "diagnostics"),
+                          ("ppl.io", "io"), ("ppl.inference", "inference"), ("ppl.cli", "cli")):
+        if module == prefix or module.startswith(prefix + "."):
+            return layer
+    return "api"
 
 
-# inference/'s shared machinery, which the core builds on (the Gaussian families and the curvature
-# service, the run loop, the objectives, the registry): a module of ppl/ may import these at module
-# level, but never a method's own module, which it reaches through the registry.
-SHARED_INFERENCE = {"_base", "_curvature", "_devices", "_flow", "_gaussian", "_loop", "guides", "objectives", "registry"}
+def test_every_layer_imports_only_the_layers_below_it():
+    modules = _package_modules()
+    for name, path in modules.items():
+        mine = _layer(name)
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or getattr(node, "level", 0):
+                continue
+            for imported in _imported_modules(node, modules):
+                if imported == "ppl":
+                    continue  # the package root: errors and lazy names only (checked below)
+                theirs = _layer(imported)
+                allowed = any((who in (mine, name) or name.startswith(who + ".")) and (
+                    imported == what or imported.startswith(what + ".")) for who, what in EXCEPT)
+                assert theirs not in FORBIDDEN[mine] or allowed, (
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {name} ({mine}) imports {imported} ({theirs})")
+                if name.startswith(BELOW_POSTERIOR):
+                    assert imported != "ppl.core.posterior", (path, imported)
 
 
-# the modules of ppl/ above inference/ and diagnostics/: the API (they run fits and judge them),
-# the loader and the verdict it decides again from a saved run's records
-API = {"_fit.py", "_compare.py", "_kfold.py", "_calibrate.py", "_sbc.py", "_evaluate.py", "_load.py", "_verdict.py"}
+def test_the_package_root_imports_only_errors():
+    # `import ppl` is quick and below everything: every other public name is a lazy attribute
+    modules = _package_modules()
+    tree = ast.parse((ROOT / "ppl" / "__init__.py").read_text())
+    imported = [m for node in ast.walk(tree) if isinstance(node, (ast.Import, ast.ImportFrom))
+                for m in _imported_modules(node, modules) if not getattr(node, "level", 0)]
+    assert set(imported) <= {"ppl.core.errors"}, imported
 
 
-def test_core_reaches_methods_through_the_registry():
-    # the command line is the front end, above inference/ and diagnostics/: its command modules
-    # import them at module level, and its package imports a command's module only when it runs
+def test_methods_are_reached_through_the_registry():
+    # nothing below the API imports a method's module; the registry names them as strings
     for path in _files("ppl"):
-        if path.parent == CLI or path.name in API:
-            continue
-        for name in _module_level_imports(path):
-            assert not name.startswith("ppl.diagnostics"), (path, name)
-            if name.startswith("ppl.inference."):
-                assert name.split(".")[2] in SHARED_INFERENCE, (path, name)
-    for name in SHARED_INFERENCE:
-        for imported in _all_imports(ROOT / "inference" / f"{name}.py"):
-            # the shared machinery sits below the Posterior and the methods
-            assert not imported.startswith(("ppl._posterior", "ppl._fit", "ppl._io")), (name, imported)
-            if imported.startswith("ppl.inference."):
-                assert imported.split(".")[2] in SHARED_INFERENCE, (name, imported)
+        if path.parent.name in ("core", "io"):
+            for name in _all_imports(path):
+                assert not name.startswith("ppl.inference"), (path, name)
 
 
 def test_the_command_line_imports_at_module_level():
@@ -101,7 +131,7 @@ def test_the_command_line_imports_at_module_level():
         for module in _module_level_imports(CLI / name):
             root = module.split(".")[0]
             assert root in sys.stdlib_module_names or root == "__future__" or module in (
-                "ppl", "ppl._cache", "ppl._errors", "ppl._interrupt", "ppl._methods_text", "ppl.datasets",
+                "ppl", "ppl.core", "ppl.core.cache", "ppl.core.errors", "ppl.core.interrupt", "ppl._methods_text", "ppl.datasets",
                 "ppl.cli._arguments"), (name, module)
 
 
@@ -139,6 +169,11 @@ def test_package_dir_mapping():
     assert Path(ppl.models.__file__).parent.name == "models"
     assert Path(ppl.inference.__file__).parent.name == "inference"
     assert Path(ppl.diagnostics.__file__).parent.name == "diagnostics"
+    import ppl.core
+    import ppl.io
+
+    assert Path(ppl.core.__file__).parent.relative_to(ROOT).as_posix() == "ppl/core"
+    assert Path(ppl.io.__file__).parent.relative_to(ROOT).as_posix() == "ppl/io"
 
 
 def _package_modules() -> dict:
@@ -152,7 +187,7 @@ def _package_modules() -> dict:
 
 
 def _imported_modules(node, modules: dict) -> list[str]:
-    """The package modules an import statement loads (`from ppl import _io` loads ppl._io)."""
+    """The package modules an import statement loads (`from ppl.io import store` loads ppl.io.store)."""
     if isinstance(node, ast.Import):
         names = [alias.name for alias in node.names]
     else:
@@ -169,12 +204,11 @@ def _imported_modules(node, modules: dict) -> list[str]:
 
 
 # Imports inside functions, and why: optional or slow dependencies loaded on first use (import ppl
-# and the command line's listings stay fast), a platform or JAX-version fallback, the Posterior's
-# diagnostics(), summary() and to_arviz(), which reach up into diagnostics/.
+# and the command line's listings stay fast) and a platform or JAX-version fallback. No module of
+# the package is ever imported inside a function.
 LATE = ("arviz", "matplotlib", "xarray", "rich", "sklearn", "flax", "equinox", "fcntl")
 LATE_IN = {
-    "ppl._cache": ("jax",), "ppl._interrupt": ("jax",), "ppl.inference._devices": ("jax.experimental.shard_map",),
-    "ppl._posterior": ("ppl.diagnostics",),
+    "ppl.core.cache": ("jax",), "ppl.core.interrupt": ("jax",), "ppl.core.devices": ("jax.experimental.shard_map",),
 }
 
 
@@ -214,7 +248,7 @@ def test_imports_are_at_module_level_but_the_late_ones():
 
 
 def test_no_module_imports_a_private_name_of_another():
-    # what one module uses of another is that module's public surface (a private module, ppl._io,
+    # what one module uses of another is that module's public surface (a private module, ppl.io.store,
     # may be imported; its underscored names stay its own)
     modules = _package_modules()
     for name, path in modules.items():

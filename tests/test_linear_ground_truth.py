@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from conftest import closed_form, flat_params
 
-import ppl
 from ppl.diagnostics import _arviz
+import ppl
 
 
 def test_exact_equals_closed_form(linear_data, linear_model, linear_truth):

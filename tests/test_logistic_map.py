@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-import ppl
 from ppl.models import LogisticRegression
+import ppl
 
 
 def newton_map(X, y, prior_scale, iterations=50):

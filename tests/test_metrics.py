@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ppl._results import Prediction
+from ppl.core.results import Prediction
 from ppl.diagnostics import classification_metrics, expected_calibration_error, regression_metrics
 
 
@@ -43,7 +43,7 @@ def test_float32_classification_nll_is_computed_in_log_space():
     # clipped probability 1 − sigmoid(17) = 0 in float32 it read 690.8 (−log 1e-300).
     import jax.numpy as jnp
 
-    from ppl._posterior import classification_prediction, _class_log_probs
+    from ppl.core.posterior import classification_prediction, _class_log_probs
 
     logits = jnp.asarray([[17.0], [-17.0], [0.5]], dtype=jnp.float32)[None, :, 0]  # one draw, three inputs
     prediction = classification_prediction(np.asarray(_class_log_probs("bernoulli", logits)))

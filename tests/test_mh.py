@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import flat_params
 
-import ppl
 from ppl.diagnostics import _arviz
 from ppl.models import BNN, LogisticRegression
+import ppl
 
 
 def _logistic_2d(n=100, seed=0):

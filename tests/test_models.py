@@ -10,10 +10,10 @@ import numpyro.distributions as dist
 import pytest
 from scipy import stats
 
-import ppl
 from ppl.diagnostics import _arviz
 from ppl.models import BNN, LinearRegression, from_config
 from ppl.models.priors import FanIn, Isotropic, PerLayer, ScaleMixture
+import ppl
 
 
 def test_bnn_sites_and_layers():

@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ppl
-from ppl._errors import DataError, OptionError
-from ppl._problem import compile_problem
-from ppl.inference import _curvature as curvature
+from ppl.core import curvature
+from ppl.core.errors import DataError, OptionError
+from ppl.core.problem import compile_problem
 from ppl.inference.laplace import laplace_gaussian
 from ppl.models import BNN, Network
 from ppl.models.priors import FanIn, PerLayer, ScaleMixture
+import ppl
 
 HIDDEN = 6
 

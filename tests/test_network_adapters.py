@@ -9,8 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ppl._errors import OptionError
-from ppl._problem import compile_problem
+from ppl.core.errors import OptionError
+from ppl.core.problem import compile_problem
 from ppl.models import BNN, Network
 from ppl.models.priors import FanIn
 

@@ -7,8 +7,8 @@ import matplotlib
 import numpy as np
 import pytest
 
-import ppl
 from ppl.models import BNN, LogisticRegression
+import ppl
 
 matplotlib.use("Agg")
 

@@ -20,10 +20,10 @@ import numpyro.distributions as dist
 import pytest
 from numpyro.distributions import constraints
 
-import ppl
-from ppl import _io
 from ppl.cli import main
 from ppl.diagnostics import _arviz
+from ppl.io import store
+import ppl
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from make_malicious_run import reseal  # noqa: E402
@@ -310,8 +310,8 @@ def test_saving_a_local_program_warns_that_load_needs_it(tmp_path):
     with pytest.warns(UserWarning, match=r"defined inside a function.*ppl\.load\(.*model=local_mean\)"):
         post.save(tmp_path / "r")
     assert ppl.load(tmp_path / "r").is_detached  # saved all the same
-    assert _io.not_importable(coin) is None
-    assert "lambda" in _io.not_importable(lambda values: None)
+    assert store.not_importable(coin) is None
+    assert "lambda" in store.not_importable(lambda values: None)
 
 
 SCRIPT = textwrap.dedent(
@@ -319,8 +319,7 @@ SCRIPT = textwrap.dedent(
     import sys
     import numpy as np, numpyro, numpyro.distributions as dist
     import ppl
-    from ppl import _io
-
+    from ppl.io import store
     def program(values):
         mu = numpyro.sample("mu", dist.Normal(0.0, 1.0))
         numpyro.deterministic("twice", 2.0 * mu)
@@ -329,7 +328,7 @@ SCRIPT = textwrap.dedent(
 
     post = ppl.fit(program, {"values": np.arange(5.0)}, method="laplace", seed=0)
     post.save(sys.argv[1])
-    _io.save_posterior(post, sys.argv[2], with_diagnostics=False)  # as a save cut short by Ctrl-C leaves it
+    store.save_posterior(post, sys.argv[2], with_diagnostics=False)  # as a save cut short by Ctrl-C leaves it
     """
 )
 

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import ppl
-from ppl.inference import registry
+from ppl.core import registry
 from ppl.models import LinearRegression
+import ppl
 
 from conftest import NOISE, PRIOR, closed_form
 

@@ -32,8 +32,8 @@ import pytest
 
 from numpyro.distributions import constraints
 
+from ppl.core.problem import trace_model
 import ppl
-from ppl._problem import trace_model
 from reference import posteriordb, programs
 
 MEAN_SD_TOL = 0.25  # posteriordb: |Δmean| / ref_sd

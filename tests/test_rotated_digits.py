@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ppl
 from ppl.datasets import rotate_images
+import ppl
 
 
 @pytest.fixture(scope="module")

@@ -19,9 +19,9 @@ import numpyro.distributions as dist
 import pytest
 from scipy.stats import chisquare, ks_2samp
 
-import ppl
-from ppl._problem import trace_count
 from ppl._sbc import SBCResult, default_num_bins, ranks_of, sbc, symmetry_test
+from ppl.core.problem import trace_count
+import ppl
 
 ALPHA = 0.01
 SIGMA = np.array([1.0, 0.5, 2.0, 1.0])  # known observation scales of the 4 groups

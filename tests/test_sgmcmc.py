@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from conftest import flat_params
 
-import ppl
 from ppl.diagnostics import _arviz
 from ppl.inference.sgmcmc import whitening
+import ppl
 
 sys.path.insert(0, str(Path(__file__).parent / "fixtures"))
 from make_malicious_run import reseal  # noqa: E402
@@ -250,7 +250,7 @@ def test_the_frame_holds_the_noise_scales_curvature():
     # The GGN covers the network's outputs only; a regression's log σ has likelihood curvature
     # 2 Σ r²/σ² ≈ 2N, which the frame must carry (without it, the whitened curvature on UCI boston
     # was 43,000 along log σ alone, and every step that small)
-    from ppl.inference._curvature import network_mask
+    from ppl.core.curvature import network_mask
     from ppl.inference.sgmcmc import _curvature_at
     from ppl.models import BNN
 

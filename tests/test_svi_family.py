@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from scipy.special import logsumexp
 
-import ppl
-from ppl._posterior import _over_draws
-from ppl.inference.objectives import ELBO, IWAE, Renyi
+from ppl.core.objectives import ELBO, IWAE, Renyi
+from ppl.core.posterior import _over_draws
 from ppl.inference.svi import GUIDES, OBJECTIVES
+import ppl
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +143,7 @@ def test_every_guide_objective_combination_fits_saves_and_diagnoses(guide, objec
     ],
 )
 def test_bad_svi_options_are_refused_before_compiling(options, message, linear_model, linear_data):
-    from ppl._problem import trace_count
+    from ppl.core.problem import trace_count
 
     before = trace_count()
     with pytest.raises(ppl.OptionError, match=message):

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import ppl
 from ppl.inference.swag import SwagMoments
 from ppl.models import BNN, LinearRegression
+import ppl
 
 
 @pytest.fixture(scope="module")
@@ -221,7 +221,7 @@ def test_a_low_rank_density_with_a_diagonal_at_float_resolution_stays_finite():
     # has entries of 1e9 and more, and its float32 Cholesky and Woodbury norm gave NaN or values off by
     # hundreds (here +728 against −61.8; MultiSWAG's k-hat was inf). The QR form gives the float64
     # answer to float32 rounding (relative 1e-4 of a log density of −60: 0.006).
-    from ppl.inference._gaussian import Gaussian, LowRankDiagonal
+    from ppl.core.gaussian import Gaussian, LowRankDiagonal
 
     rng = np.random.default_rng(0)
     P, r = 40, 6

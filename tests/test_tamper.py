@@ -37,11 +37,11 @@ import numpyro
 import numpyro.distributions as dist
 import pytest
 
-import ppl
+from ppl.core import registry
+from ppl.core.gaussian import stored_draws_mismatch
 from ppl.diagnostics import compute_diagnostics
-from ppl.inference import registry
-from ppl.inference._gaussian import stored_draws_mismatch
 from ppl.models import BNN, VAE, LinearRegression
+import ppl
 
 from conftest import NOISE, PRIOR
 
@@ -443,7 +443,7 @@ def _family_kind(family) -> str:
 
 def _stored(folder: Path):
     """(flat draws, the stored approximation or None) as the files hold them, read without the loader."""
-    from ppl.inference._gaussian import from_arrays
+    from ppl.core.gaussian import from_arrays
 
     meta = json.loads((folder / META).read_text())
     with np.load(folder / ARRAYS, allow_pickle=False) as npz:
@@ -462,8 +462,8 @@ def _inconsistency(run: Run, post, touched: set) -> str | None:
         fresh = compute_diagnostics(post)
         flat, family = np.asarray(post.flat_draws), post.approximation
     else:
-        from ppl._load import saved_diagnostics
-        from ppl._verdict import rederive
+        from ppl.io.load import saved_diagnostics
+        from ppl.io.verdict import rederive
 
         try:
             fresh = saved_diagnostics(post._folder)  # the loader's other way to the same record (`ppl show`'s)

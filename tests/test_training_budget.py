@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import ppl
-from ppl import _interrupt, _progress
+from ppl.core import interrupt, progress
 from ppl.models import BNN
+import ppl
 
 # L-BFGS on this small network (seed 6, float64) settles after four rounds of 40 steps. (Seeds 0
 # and 2 need more than ten.)
@@ -49,16 +49,16 @@ def test_max_steps_caps_the_budget_and_the_verdict_says_so(cancer, rounds):
 
 def test_a_run_interrupted_in_its_second_round_resumes_to_the_uninterrupted_result(cancer, rounds, monkeypatch,
                                                                                   tmp_path):
-    monkeypatch.setattr(_interrupt.ChunkPace, "next_chunk", lambda self: 10)
-    real, calls = _progress.advance, {"n": 0}
+    monkeypatch.setattr(interrupt.ChunkPace, "next_chunk", lambda self: 10)
+    real, calls = progress.advance, {"n": 0}
 
     def advance(steps, phase=0):
         real(steps, phase)
         calls["n"] += 1
         if calls["n"] == 6:  # one report where the bar starts, then one per chunk of 10: step 50
-            _interrupt.request()
+            interrupt.request()
 
-    monkeypatch.setattr(_progress, "advance", advance)
+    monkeypatch.setattr(progress, "advance", advance)
     part = ppl.fit(NET, cancer.train, method="map", seed=SEED, steps=ROUND)
     monkeypatch.undo()
     assert part.status.interrupted and part.status.steps_done == 50 and part.resume_state is not None

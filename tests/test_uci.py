@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import ppl
 from ppl import datasets
 from ppl.cli import main
 from ppl.models import BNN
+import ppl
 
 ROOT = Path(__file__).parents[1] / ".." / "shared" / "data" / "uci"
 needs_data = pytest.mark.skipif(

@@ -13,9 +13,9 @@ import warnings
 import numpy as np
 import pytest
 
-import ppl
-from ppl._results import Check, Diagnostics
+from ppl.core.results import Check, Diagnostics
 from ppl.models import BNN
+import ppl
 
 
 def _ppl(*args, cwd, timeout=600):
@@ -181,21 +181,20 @@ def test_progress_lines_say_compiling_then_count_when_output_is_not_a_terminal(m
     until the first chunk reports, then the phase's count; a short one prints nothing."""
     import time
 
-    from ppl import _progress
-
-    monkeypatch.setattr(_progress, "HEARTBEAT_S", 0.05)
-    with _progress.setting("lines"), _progress.task("nuts warmup", 500, ("nuts sampling", 1000)):
+    from ppl.core import progress
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
+    with progress.setting("lines"), progress.task("nuts warmup", 500, ("nuts sampling", 1000)):
         time.sleep(0.2)  # compiling: nothing reported yet
-        _progress.advance(500, 0)
-        _progress.advance(300, 1)
+        progress.advance(500, 0)
+        progress.advance(300, 1)
         time.sleep(0.2)
     err = capsys.readouterr()
     lines = err.err.splitlines()
     assert lines[0].startswith("  nuts warmup: compiling, ") and lines[0].endswith(" s")
     assert lines[-1].startswith("  nuts sampling: 300/1000, ") and not err.out
-    monkeypatch.setattr(_progress, "HEARTBEAT_S", 10.0)
-    with _progress.setting("lines"), _progress.task("map", 100):
-        _progress.advance(100)
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 10.0)
+    with progress.setting("lines"), progress.task("map", 100):
+        progress.advance(100)
     assert capsys.readouterr().err == ""
 
 
@@ -351,7 +350,7 @@ def test_a_misspelt_name_gets_a_suggestion_beside_the_valid_ones(argv, suggestio
 
 
 def test_the_python_api_suggests_too():
-    from ppl._errors import DataError, OptionError
+    from ppl.core.errors import DataError, OptionError
     from ppl.models import BNN
 
     with pytest.raises(DataError, match=r"did you mean 'two_moons'\?"):
@@ -383,7 +382,7 @@ def test_the_loss_figure_shows_the_whole_descent_and_marks_the_method_s_own_roun
     import matplotlib
 
     matplotlib.use("Agg")
-    from ppl._records import TrainingTrace
+    from ppl.core.records import TrainingTrace
     from ppl.diagnostics import plots
 
     def axes_of(post, name):

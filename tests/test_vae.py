@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy.stats import multivariate_normal
 
-import ppl
-from ppl.inference.registry import METHODS
+from ppl.core.registry import METHODS
 from ppl.models import VAE
+import ppl
 
 PPCA_NOISE = 0.3
 
@@ -41,7 +41,7 @@ def _marginal(post):
 
 
 def test_log_marginal_equals_the_linear_decoders_closed_form(ppca_fit, ppca_data):
-    from ppl._vae import importance_weights
+    from ppl.core.vae import importance_weights
 
     _, test = ppca_data
     X = test[:100]
@@ -85,9 +85,8 @@ def _small_vae(digits, seed=0, **options):
 
 @pytest.mark.extended  # about 2 minutes; beyond CI's 90 minutes with the rest: pytest -m extended (README)
 def test_beta_trades_rate_for_distortion(digits):
-    from ppl.diagnostics import vae_report
 
-    reports = {beta: vae_report(_small_vae(digits, beta=beta), digits.test.X, seed=1, gap_points=0)
+    reports = {beta: ppl.vae_report(_small_vae(digits, beta=beta), digits.test.X, seed=1, gap_points=0)
                for beta in (0.5, 1.0, 4.0)}
     rates = [reports[b].rate for b in (0.5, 1.0, 4.0)]
     distortions = [reports[b].distortion for b in (0.5, 1.0, 4.0)]
@@ -138,7 +137,7 @@ def test_bayesian_decoder_has_a_distribution_over_its_weights(digits):
 def test_every_method_serves_the_vae_or_points_to_the_local_model(method, digits):
     """Conformance over the registry: a method fits a VAE as a whole, or refuses before compiling and
     says how to fit the local posterior with it instead."""
-    cls = ppl.inference.registry.get(method)
+    cls = ppl.core.registry.get(method)
     model = VAE(latent_dim=2, hidden=(16,))
     if cls.supports_local:
         post = ppl.fit(model, digits.train.X, method=method, seed=0, steps=200, batch_size=128)
@@ -189,10 +188,9 @@ def test_vae_config_is_validated():
 
 @pytest.mark.slow
 def test_vae_report_measures_the_amortisation_gap(digits):
-    from ppl.diagnostics import vae_report
 
     post = _small_vae(digits, latent_dim=2)
-    report = vae_report(post, digits.test.X, seed=0, gap_points=5)
+    report = ppl.vae_report(post, digits.test.X, seed=0, gap_points=5)
     assert report.elbo <= report.iwae <= report.log_px + 0.05
     assert report.amortization_gap >= -0.05  # the best per-datum Gaussian is at least as good as the encoder
     assert 0 <= report.khat_frac_above_0_7 <= 1 and report.active_units <= 2

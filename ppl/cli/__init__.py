@@ -12,10 +12,10 @@ import importlib
 import os
 import sys
 
-from ppl import _interrupt
-from ppl._cache import use_compilation_cache
-from ppl._errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 from ppl.cli._arguments import UsageError, build_parser, parse_arguments
+from ppl.core import interrupt
+from ppl.core.cache import use_compilation_cache
+from ppl.core.errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
 
 # command -> (module of ppl.cli, its function taking the parsed arguments)
 COMMANDS = {
@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     name = "ppl"  # "ppl fit", "ppl show", … once the arguments are parsed
     # Ctrl-C and SIGTERM (a scheduler, `timeout`, a container stop) are the command's from its first
     # moment to its last: each is remembered until acted on, and ends the command with 128 + its number.
-    with _interrupt.command():
+    with interrupt.command():
         try:
             args = parse_arguments(build_parser(), argv)
             name = f"ppl {args.command}"
@@ -39,12 +39,12 @@ def main(argv=None) -> int:
             module, function = COMMANDS[args.command]
             # the command's module (and with it JAX, for the commands that fit or load) loads only now
             code = getattr(importlib.import_module(f"ppl.cli.{module}"), function)(args)
-            if code == 0 and _interrupt.pending():
+            if code == 0 and interrupt.pending():
                 # The signal came as the command finished, or its KeyboardInterrupt was dropped where
                 # nothing read the request: the output is complete, but a caller must still see the stop.
                 print(f"{name}: interrupted as it finished; what it printed and saved is complete",
                       file=sys.stderr)
-                return _interrupt.exit_status()
+                return interrupt.exit_status()
             return code
         except (UsageError, DataError, OptionError, MemoryBudgetError, RunError, ResumeError) as error:
             print(f"{name}: error: {error}", file=sys.stderr)
@@ -54,7 +54,7 @@ def main(argv=None) -> int:
             return 1
         except KeyboardInterrupt:
             print(f"{name}: interrupted before there was anything to save", file=sys.stderr)
-            return _interrupt.exit_status()
+            return interrupt.exit_status()
         except BrokenPipeError:
             # the reader went away (`ppl methods | head`): stop quietly, as other command-line tools do
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -9,9 +9,9 @@ import argparse
 import re
 from importlib import metadata
 
+from ppl.core.cache import CACHE_ENV
+from ppl.core.errors import did_you_mean
 import ppl
-from ppl._cache import CACHE_ENV
-from ppl._errors import did_you_mean
 
 
 MODELS = ("linear", "logistic", "bnn", "vae")

@@ -11,9 +11,9 @@ from pathlib import Path
 import jax
 
 from ppl import datasets
-from ppl._errors import RunError, did_you_mean
 from ppl.cli._arguments import UsageError
-from ppl.inference._base import parse_value
+from ppl.core.errors import RunError, did_you_mean
+from ppl.core.method import parse_value
 from ppl.models import BNN, VAE, LinearRegression, LogisticRegression
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl import _load, datasets
-from ppl._errors import RunError, did_you_mean
+from ppl import datasets
 from ppl.cli._arguments import UsageError
 from ppl.cli._common import split_or_none
+from ppl.core.errors import RunError, did_you_mean
+from ppl.io import load
 
 
 def _preparation(data: dict, num_features: int, where: Path) -> dict:
@@ -45,7 +46,7 @@ def _preparation(data: dict, num_features: int, where: Path) -> dict:
 def supervised_run(folder: Path, command: str, extra: str | None = None):
     """(posterior, the saved preparation of its training rows, the run's file ``extra`` or None) of a
     saved run of a supervised ppl model."""
-    posterior, file = _load.load_with(folder, extra)
+    posterior, file = load.load_with(folder, extra)
     problem = posterior.problem
     if problem is None or not problem.is_declarative or problem.spec.kind == "unsupervised":
         raise UsageError(f"ppl {command} needs a supervised model from ppl.models; {folder} holds a {posterior.method} run "

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 
-import ppl
-from ppl import _io
 from ppl._calibrate import CALIBRATION_FILE, supervised_task, calibration_record
 from ppl.cli._arguments import UsageError
 from ppl.cli._common import print_lines, run_folder, safe
 from ppl.cli._rows import raw_rows, supervised_run
+from ppl.io import store
+import ppl
 
 
 def run(args) -> int:
@@ -51,7 +51,7 @@ def run(args) -> int:
         options = {} if result is not None else {"num_samples": args.num_samples}
         result = ppl.conformal(base, (X[second], y[second]), alpha=args.alpha, seed=args.seed, score=args.score, **options)
         lines.append(str(result))
-    _io.add_run_files(folder, {CALIBRATION_FILE: calibration_record(result)})
+    store.add_run_files(folder, {CALIBRATION_FILE: calibration_record(result)})
     lines.append(f"saved to {folder / CALIBRATION_FILE}; ppl predict {folder} now applies it, and ppl show prints it")
     print_lines([safe(line) for line in lines])
     return 0

@@ -11,18 +11,17 @@ import tempfile
 import time
 from pathlib import Path
 
-import ppl
-from ppl import _interrupt, _io, _progress
 from ppl._compare import chosen_methods
-from ppl._errors import ResumeError, RunError, did_you_mean
 from ppl.cli._arguments import COMPARE_DATA, MODELS, TASKS, UsageError
+from ppl.core import interrupt, progress
+from ppl.core.errors import ResumeError, RunError, did_you_mean
+from ppl.io import store
+import ppl
 from ppl.cli._common import (
     INVOCATION, build_model, check_writable_parent, load_data, model_class, request_devices, safe,
     split_or_none, split_settings, take_saved_arguments, unused_folder,
 )
-from ppl.inference import registry
-
-
+from ppl.core import registry
 COMPARE_DEFAULTS = {"model": "bnn", "data": COMPARE_DATA, "reference": "nuts", "seed": 0}
 
 
@@ -77,27 +76,27 @@ def run(args) -> int:
     out = Path(args.resume) if args.resume else _compare_folder(args, data)
     check_writable_parent(out)
     # The writer's lock of `ppl fit` (on the resolved path): a fit and a comparison never write one folder at once.
-    with _io.run_lock(out):
+    with store.run_lock(out):
         if not args.resume:
             if _owned_comparison(out) is not None:
-                _io.remove_comparison(out)  # ppl's own report or unfinished comparison, replaced as --force asked
+                store.remove_comparison(out)  # ppl's own report or unfinished comparison, replaced as --force asked
             out.mkdir(parents=True, exist_ok=True)
             (out / INVOCATION).write_text(json.dumps(_compare_invocation(args), indent=1))
-            _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])
-        elif not (out / _io.COMPARISON_MANIFEST).exists():
-            _io.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])  # started by an older ppl
-        _progress.enable("lines")  # a line on stderr every few seconds beside the comparison's own log
+            store.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])
+        elif not (out / store.COMPARISON_MANIFEST).exists():
+            store.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])  # started by an older ppl
+        progress.enable("lines")  # a line on stderr every few seconds beside the comparison's own log
         started = time.perf_counter()
         try:
             result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
                                  fits=out / FITS, log=lambda line: print(line, flush=True), devices=args.devices)
-            _interrupt.raise_pending()  # a Ctrl-C dropped while the methods were scored: no report from it
+            interrupt.raise_pending()  # a Ctrl-C dropped while the methods were scored: no report from it
             _commit_report(result, out)
         except KeyboardInterrupt as stop:
             during = f"while fitting {stop.method}" if isinstance(stop, ppl.ComparisonInterrupted) else "before the report"
             print(f"interrupted {during}; the fits so far are saved in {out / FITS} — continue with: "
                   f"ppl compare --resume {out}", file=sys.stderr)
-            return _interrupt.exit_status()
+            return interrupt.exit_status()
     elapsed = time.perf_counter() - started
     print()
     print(safe(result.table()))
@@ -111,7 +110,7 @@ def _owned_comparison(out: Path):
     """(status, entries) of ppl's own comparison in ``out``, None for an absent or empty folder; any
     other folder is refused (a UsageError saying why)."""
     try:
-        return _io.comparison_entries(out)
+        return store.comparison_entries(out)
     except RunError as error:
         raise UsageError(f"--out {error}") from None
 
@@ -128,19 +127,19 @@ def _commit_report(result, out: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     shutil.copymode(out, staging)  # the report folder keeps the usual permissions, not mkdtemp's 0700
     aside = staging.with_name(staging.name + "-old")
-    ours = {FITS, INVOCATION, _io.COMPARISON_MANIFEST}
+    ours = {FITS, INVOCATION, store.COMPARISON_MANIFEST}
     try:
         result.write_report(staging)
         entries = [p.name for p in staging.iterdir()] + [name for name in (FITS, INVOCATION) if (out / name).exists()]
-        _io.write_comparison_manifest(staging, "complete", entries)
+        store.write_comparison_manifest(staging, "complete", entries)
         others = sorted(set(os.listdir(out)) - ours)
-        with _interrupt.guard():
+        with interrupt.guard():
             if others:
                 print(f"ppl compare: {out} gained files that ppl did not write ({', '.join(others[:5])}); the report "
                       "is added beside them", file=sys.stderr)
-                for name in [p.name for p in staging.iterdir() if p.name != _io.COMPARISON_MANIFEST]:
+                for name in [p.name for p in staging.iterdir() if p.name != store.COMPARISON_MANIFEST]:
                     os.replace(staging / name, out / name)
-                os.replace(staging / _io.COMPARISON_MANIFEST, out / _io.COMPARISON_MANIFEST)
+                os.replace(staging / store.COMPARISON_MANIFEST, out / store.COMPARISON_MANIFEST)
                 return
             # out moves aside whole, so until the last rename it is still the resumable comparison.
             os.replace(out, aside)
@@ -161,7 +160,7 @@ def _commit_report(result, out: Path) -> None:
             shutil.rmtree(staging, ignore_errors=True)
     if aside.exists():
         # the old folder holds only its manifest now; anything else in it arrived since, and is kept
-        (aside / _io.COMPARISON_MANIFEST).unlink(missing_ok=True)
+        (aside / store.COMPARISON_MANIFEST).unlink(missing_ok=True)
         try:
             aside.rmdir()
         except OSError:
@@ -204,7 +203,7 @@ def _apply_compare_resume(args) -> None:
         raise UsageError("--resume continues a comparison and --force starts one afresh; give one of them")
     if not folder.is_dir():
         raise UsageError(f"--resume {folder}: no such folder")
-    if (folder / _io.COMPARISON_MANIFEST).exists():  # a comparison started by an older ppl has none
+    if (folder / store.COMPARISON_MANIFEST).exists():  # a comparison started by an older ppl has none
         owned = _owned_comparison(folder)
         if owned is not None and owned[0] == "complete":
             raise UsageError(f"--resume {folder}: this comparison finished (its report.html is there); nothing to continue")

@@ -8,20 +8,19 @@ from pathlib import Path
 
 import numpy as np
 
-import ppl
-from ppl import _interrupt, _io, _progress
-from ppl._errors import MemoryBudgetError, NonFiniteError, ResumeError, RunError
-from ppl._keys import derived_key
 from ppl.cli._arguments import MODELS, TASKS, UsageError
+from ppl.core import interrupt, progress
+from ppl.core.errors import MemoryBudgetError, NonFiniteError, ResumeError, RunError
+from ppl.core.keys import derived_key
+from ppl.io import store
+import ppl
 from ppl.cli._common import (
     INVOCATION, VAE_FIGURE, build_model, check_writable_parent, held_out, kfold_lines, load_data,
     loo_up_front, metrics_lines, model_class, print_lines, request_devices, skipped_lines, split_or_none,
     split_settings, take_saved_arguments, unused_folder, what_ran,
 )
-from ppl.diagnostics.vae import vae_report
-from ppl.inference import registry
-
-
+from ppl._vae_report import vae_report
+from ppl.core import registry
 # The random stream of a fit's test metrics and figures, split from --seed: the fit itself uses the
 # seed's own key, so the test draws neither repeat the fit's nor reach outside [0, 2**32).
 TEST_STREAM = 1
@@ -42,23 +41,23 @@ def run(args) -> int:
     model = build_model(args, data, model_opts)
     # Start-up is over: a Ctrl-C whose KeyboardInterrupt was dropped on the way stops here, before
     # the folder is touched.
-    _interrupt.raise_pending()
+    interrupt.raise_pending()
     out = _out_folder(args, data)
     _check_out(out)
     # bars (on stderr) when stderr is a terminal, else a plain line every few seconds; never with --no-progress
-    _progress.enable(False if args.no_progress else "auto-lines")
+    progress.enable(False if args.no_progress else "auto-lines")
     invocation = _invocation(args)
     posterior = diagnostics = None
     record, extras = {"data": data.name, "model": args.model, "metrics": {}}, {}
-    with _io.run_lock(out):
+    with store.run_lock(out):
         try:
             # Through the fit and its diagnostics, a first Ctrl-C (or SIGTERM) only asks the running
             # loop to stop: the result reached is still diagnosed and saved. A second one skips to
             # saving what there is.
-            with _interrupt.guard():
+            with interrupt.guard():
                 if args.resume is None and (out / "manifest.json").is_file():
-                    _io.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
-                target = _io.RunTarget(out, {INVOCATION: invocation})
+                    store.read_run_meta(out)  # a corrupt folder is reported, not silently replaced
+                target = store.RunTarget(out, {INVOCATION: invocation})
                 try:
                     posterior = ppl.fit(
                         model, data.train.X if args.model == "vae" else data.train, method=args.method,
@@ -67,14 +66,14 @@ def run(args) -> int:
                         **method_opts,
                     )
                 except ppl.Interrupted as stop:
-                    _io.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
+                    store.save_run(out, None, resume_state=stop.resume_state, fingerprint=stop.fingerprint,
                                  status="interrupted", extra_files={INVOCATION: invocation})
                     print(f"interrupted before the first draw; the state is saved in {out} — continue with: "
                           f"ppl fit --resume {out}", file=sys.stderr)
-                    return _interrupt.exit_status()
+                    return interrupt.exit_status()
                 except NonFiniteError as error:
                     if error.partial is not None:
-                        _io.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
+                        store.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
                         print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
                     raise
                 posterior.provenance["data"].update(_data_source(args, data))
@@ -89,10 +88,10 @@ def run(args) -> int:
             else:
                 # No loop is left to ask: from here a Ctrl-C stops the test metrics at once, and one
                 # pressed during the diagnostics stops them before they start.
-                _interrupt.raise_pending()
+                interrupt.raise_pending()
                 test_key = derived_key(args.seed, TEST_STREAM)
                 if args.model == "vae":
-                    # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.diagnostics.vae_report).
+                    # Held-out quality of the VAE (the amortisation gap needs extra fits: ppl.vae_report).
                     record["metrics"] = vae_report(posterior, data.test.X, seed=test_key, gap_points=0).to_dict()
                     extras[VAE_FIGURE] = _vae_figure(posterior, data, test_key)
                 else:
@@ -107,23 +106,23 @@ def run(args) -> int:
                     cv = ppl.kfold(model, data.train, method=args.method, k=min(args.kfold, len(data.train.X)),
                                    seed=args.seed, **method_opts)
                     # A fold whose fit a Ctrl-C cut short scores nothing: drop them all.
-                    _interrupt.raise_pending()
+                    interrupt.raise_pending()
                     record["kfold"] = {"k": cv.k, "elpd": cv.elpd, "se": cv.se, "fits_ok": list(cv.fits_ok)}
         except KeyboardInterrupt:
             if posterior is None:
                 raise  # stopped before the fit returned: main says so (a checkpoint, if any, is on disk)
             if diagnostics is None:
-                with _interrupt.guard():  # a further Ctrl-C here would lose the fit: it waits for the save
-                    _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
+                with interrupt.guard():  # a further Ctrl-C here would lose the fit: it waits for the save
+                    store.save_posterior(posterior, out, extra_files={INVOCATION: invocation}, with_diagnostics=False)
                 print(f"interrupted; the result is saved in {out} without diagnostics (ppl.load computes them)",
                       file=sys.stderr)
-                return _interrupt.exit_status()
+                return interrupt.exit_status()
             record["metrics"], extras = {}, {}
             record.pop("kfold", None)
             record["skipped"] = ("test metrics" + (" and k-fold" if args.kfold else "")
                                  + ", interrupted before they finished")
-        with _interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
-            _io.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
+        with interrupt.guard():  # a Ctrl-C during the save waits for it (a second one cuts it short)
+            store.save_posterior(posterior, out, extra_files={INVOCATION: invocation, "summary.json": record, **extras})
     print_lines([
         *what_ran(args.method, posterior.options, args.seed, posterior.provenance, posterior.info),
         *loo_up_front(args.model, getattr(model, "likelihood", None)),
@@ -137,11 +136,11 @@ def run(args) -> int:
     if posterior.status.interrupted:
         print(f"interrupted: the saved run is partial (see the warning above); continue with: ppl fit --resume {out}",
               file=sys.stderr)
-        return _interrupt.exit_status()
+        return interrupt.exit_status()
     if "skipped" in record:
         print(f"interrupted: the fit is complete and saved in {out} with its diagnostics; skipped: {record['skipped']}",
               file=sys.stderr)
-        return _interrupt.exit_status()
+        return interrupt.exit_status()
     return 0
 
 
@@ -174,7 +173,7 @@ def _valid_invocation(saved) -> bool:
 def _apply_resume(args) -> None:
     """Fill the fit's arguments from the run being resumed; refuse any given one that differs."""
     folder = Path(args.resume)
-    meta, _, extras = _io.read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
+    meta, _, extras = store.read_run_files(folder, (INVOCATION,))  # checked against the manifest, like every run file
     saved = extras.get(INVOCATION)
     model = meta.get("fingerprint", {}).get("model") if isinstance(meta.get("fingerprint"), dict) else None
     if saved is None and isinstance(model, dict) and model.get("kind") == "function":
@@ -209,7 +208,7 @@ def _out_folder(args, data) -> Path:
 def _check_out(out: Path) -> None:
     """Refuse an output path that could not be written, before anything is fitted."""
     try:
-        _io.check_writable_run(out)
+        store.check_writable_run(out)
     except RunError as error:
         raise UsageError(f"--out {error}") from None
     check_writable_parent(out)

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from ppl._calibrate import CALIBRATION_FILE, Conformal, calibration_from_record
-from ppl._errors import did_you_mean
 from ppl.cli._arguments import UsageError
 from ppl.cli._common import run_folder, safe
 from ppl.cli._rows import raw_rows, supervised_run
+from ppl.core.errors import did_you_mean
 
 
 def run(args) -> int:

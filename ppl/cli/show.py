@@ -5,12 +5,12 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-import ppl
-from ppl import _io
 from ppl._calibrate import CALIBRATION_FILE, calibration_from_record
-from ppl._errors import RunError
-from ppl._io import read_run_files
-from ppl._load import saved_diagnostics
+from ppl.core.errors import RunError
+from ppl.io import store
+from ppl.io.load import saved_diagnostics
+from ppl.io.store import read_run_files
+import ppl
 from ppl.cli._common import (
     VAE_FIGURE, held_out, kfold_lines, loo_up_front, metrics_lines, print_lines, run_folder, safe,
     skipped_lines, what_ran,
@@ -119,7 +119,7 @@ def _plots(posterior, path: Path) -> list[str]:
         figures = {p.name: p.read_bytes() for p in write_plots(posterior, scratch)}
     if not figures:
         return ["figures: none applies to this run"]
-    _io.add_run_files(path, figures)
+    store.add_run_files(path, figures)
     return ["figures: " + ", ".join(str(path / name) for name in figures)]
 
 

@@ -1,6 +1,6 @@
 """``ppl.load(path)``: a run folder back as a Posterior, its verdict recomputed from the stored draws.
 
-The folder's files are read and checked by ``ppl._io`` (schema, sizes, checksums); this module
+The folder's files are read and checked by ``ppl.io.store`` (schema, sizes, checksums); this module
 rebuilds the model from its closed list of classes, the Problem, the stored approximation and the
 records, and decides the verdict again. It never imports a program the files name unless the
 caller passes ``trust=True`` for a folder they wrote.
@@ -20,17 +20,17 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ppl._checkpoint import ResumeState
-from ppl._errors import DataError, OptionError, RunError
-from ppl._io import ARRAYS, DIAGNOSTICS, META, Schema, Snapshot, describe_model, jsonable, model_difference, read_meta, with_snapshot
-from ppl._keys import as_key
-from ppl._posterior import Posterior
-from ppl._problem import Problem, compile_problem
-from ppl._records import RECORDS, from_saved
-from ppl._results import Check, Diagnostics
-from ppl._verdict import measure_chains, rederive
-from ppl.inference import registry
-from ppl.inference._gaussian import from_arrays, stored_draws_mismatch
+from ppl.core import registry
+from ppl.core.checkpoint import ResumeState
+from ppl.core.errors import DataError, OptionError, RunError
+from ppl.core.gaussian import from_arrays, stored_draws_mismatch
+from ppl.core.keys import as_key
+from ppl.core.posterior import Posterior
+from ppl.core.problem import Problem, compile_problem
+from ppl.core.records import RECORDS, from_saved
+from ppl.core.results import Check, Diagnostics
+from ppl.io.store import ARRAYS, DIAGNOSTICS, META, Schema, Snapshot, describe_model, jsonable, model_difference, read_meta, with_snapshot
+from ppl.io.verdict import measure_chains, rederive
 from ppl.models import Network, from_config
 from ppl.models._base import SupervisedModel
 from ppl.models.priors import prior_from_record
@@ -98,7 +98,7 @@ def _measured_chains(meta: dict, arrays: dict, draws: dict, flat: np.ndarray):
 
 def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path, measured=None):
     """The saved diagnostics of a run that cannot be recomputed here, with the verdict decided again
-    from the saved values and from what the stored draws measure (``measured``; see :mod:`ppl._verdict`)."""
+    from the saved values and from what the stored draws measure (``measured``; see :mod:`ppl.io.verdict`)."""
     if (record["method"], record["num_chains"], record["num_draws"]) != (meta["method"], meta["num_chains"], meta["num_draws"]):
         raise RunError(
             f"{folder}/{DIAGNOSTICS}: describes a {record['method']} run of {record['num_chains']} chain(s) × "

@@ -40,7 +40,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ppl._errors import OptionError
+from ppl.core.errors import OptionError
 
 __all__ = ["resolve", "use", "current", "spread", "run_mesh", "constrained", "shard_rows", "shard_particles", "spread_devices",
            "local", "local_devices", "replicate"]

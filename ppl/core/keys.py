@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._errors import OptionError
+from ppl.core.errors import OptionError
 
 __all__ = ["as_key", "derived_key", "seed_record", "check_num_samples"]
 

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ppl._errors import DataError
+from ppl.core.errors import DataError
 
 __all__ = ["Split", "validate_supervised", "validate_unsupervised", "validate_inputs", "validate_program_data", "check_batch_size", "check_finite"]
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from ppl._errors import OptionError, did_you_mean
-from ppl.inference._base import check_option_types
+from ppl.core.errors import OptionError, did_you_mean
+from ppl.core.method import check_option_types
 
 __all__ = ["METHODS", "get", "create", "describe"]
 

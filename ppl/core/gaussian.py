@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from ppl.inference._flow import flow_from_arrays
+from ppl.core.flow import flow_from_arrays
 
 __all__ = [
     "Gaussian", "Diagonal", "LowRankDiagonal", "Full", "Kronecker", "KroneckerFactors", "PrecisionLowRank", "Subset",

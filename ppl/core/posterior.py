@@ -12,18 +12,20 @@ import numpy as np
 
 from functools import partial
 
-from ppl import _vae
-from ppl._data import validate_inputs, validate_supervised
-from ppl._errors import MemoryBudgetError, OptionError, RunError
-from ppl._guide import numpyro_guide
-from ppl._io import not_importable, save_posterior
-from ppl._keys import as_key, check_num_samples
-from ppl._problem import structure_trace
-from ppl._records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
-from ppl._results import POSTERIOR_KINDS, Prediction
-from ppl.inference import _curvature as curvature
-from ppl.inference import registry
-from ppl.inference._base import MEMORY_BUDGET_BYTES, Method
+from ppl.core import curvature
+from ppl.core import registry
+from ppl.core import vae
+from ppl.core.data import validate_inputs, validate_supervised
+from ppl.core.errors import MemoryBudgetError, OptionError, RunError
+from ppl.core.guide import numpyro_guide
+from ppl.core.keys import as_key, check_num_samples
+from ppl.core.method import MEMORY_BUDGET_BYTES, Method
+from ppl.core.problem import structure_trace
+from ppl.core.records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
+from ppl.core.results import POSTERIOR_KINDS, Prediction
+from ppl.diagnostics import compute_diagnostics, to_inference_data
+from ppl.diagnostics.summary import summary as parameter_summary
+from ppl.io.store import not_importable, save_posterior
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = ["Posterior", "PREDICT_MODES"]
@@ -326,27 +328,27 @@ class Posterior:
     # -- models with local latents (VAE) ----------------------------------------------------------
     def encode(self, X) -> tuple:
         """q(z | x) per row of X as (loc, scale), each (N, latent_dim). VAE posteriors only."""
-        return _vae.encode(self, X)
+        return vae.encode(self, X)
 
     def decode(self, z) -> np.ndarray:
         """E[x | z] for latents z (N, latent_dim). VAE posteriors only."""
-        return _vae.decode(self, z)
+        return vae.decode(self, z)
 
     def generate(self, n: int, *, seed) -> np.ndarray:
         """``n`` new data points from the fitted generative model. VAE posteriors only."""
-        return _vae.generate(self, n, seed)
+        return vae.generate(self, n, seed)
 
     def reconstruct(self, X, *, seed) -> np.ndarray:
         """E[x | z], z ∼ q(z | x), per row of X. VAE posteriors only."""
-        return _vae.reconstruct(self, X, seed)
+        return vae.reconstruct(self, X, seed)
 
     def log_marginal(self, X, num_samples: int = 500, *, seed) -> np.ndarray:
         """Importance-sampled log p(x) per row of X (K = ``num_samples``). VAE posteriors only."""
-        return _vae.log_marginal(self, X, num_samples, seed)
+        return vae.log_marginal(self, X, num_samples, seed)
 
     def local_model(self, X):
         """p(z | x) of the rows of X with the decoder fixed, as a program any method fits."""
-        return _vae.local_model(self, X)
+        return vae.local_model(self, X)
 
     @property
     def is_detached(self) -> bool:
@@ -714,8 +716,6 @@ class Posterior:
         """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""
         if "diagnostics" not in self._cache:
             self._attached("computing diagnostics")
-            from ppl.diagnostics import compute_diagnostics
-
             self._cache["diagnostics"] = compute_diagnostics(self)
         return self._cache["diagnostics"]
 
@@ -725,15 +725,11 @@ class Posterior:
         ESS and R-hat appear only where they apply to these draws (R-hat for Markov chains; ESS
         also for independent draws of an approximation; neither for a point or an ensemble). It
         reads the stored draws alone, so a run loaded without its program has one too."""
-        from ppl.diagnostics.summary import summary
-
-        return summary(self, prob, exclude_deterministic)
+        return parameter_summary(self, prob, exclude_deterministic)
 
     def to_arviz(self):
         """``arviz.InferenceData`` with posterior, sample_stats, log_likelihood, observed_data."""
         self._attached("to_arviz")
-        from ppl.diagnostics import to_inference_data
-
         return to_inference_data(self)
 
     def save(self, path) -> None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from ppl._errors import OptionError, ResumeError
+from ppl.core.errors import OptionError, ResumeError
 
 __all__ = ["Extension", "DEFAULT_TIME_BUDGET", "MAX_ROUNDS", "MAX_STORED_BYTES", "restored_halving"]
 

@@ -25,12 +25,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ppl._errors import RunError
-from ppl._results import THRESHOLDS, Check, Diagnostics, finite_or_none
+from ppl.core.errors import RunError
+from ppl.core.method import Method
+from ppl.core.registry import METHODS, get
+from ppl.core.results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics.dispersion import THRESHOLD
 from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO, chain_checks, Findings, ebfmi
-from ppl.inference._base import Method
-from ppl.inference.registry import METHODS, get
 
 __all__ = ["rederive", "measure_chains"]
 

@@ -15,10 +15,10 @@ import numpy as np
 import numpyro
 from scipy.special import logsumexp
 
-from ppl._data import validate_inputs
-from ppl._errors import DataError, OptionError
-from ppl._keys import as_key, check_num_samples
-from ppl.inference.objectives import local_log_weights
+from ppl.core.data import validate_inputs
+from ppl.core.errors import DataError, OptionError
+from ppl.core.keys import as_key, check_num_samples
+from ppl.core.objectives import local_log_weights
 
 __all__ = ["encode", "decode", "generate", "reconstruct", "log_marginal", "local_model", "global_params"]
 

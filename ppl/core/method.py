@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ppl._errors import MemoryBudgetError, OptionError, did_you_mean
+from ppl.core.errors import MemoryBudgetError, OptionError, did_you_mean
 
 __all__ = [
     "Method",
@@ -38,7 +38,7 @@ class Method:
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
-    # What the result's draws are (one of ppl._results.POSTERIOR_KINDS); the diagnostics read it.
+    # What the result's draws are (one of ppl.core.results.POSTERIOR_KINDS); the diagnostics read it.
     kind: ClassVar[str] = ""
     # Whether the method serves models with local latents (a VAE's per-datum z) as a whole.
     supports_local: ClassVar[bool] = False
@@ -284,7 +284,7 @@ def check_dense_matrix(method: str, what: str, dim: int, itemsize: int, *, copie
 
 def extended_remedy(posterior, advice: str) -> str:
     """``advice`` for a chain that failed to mix, preceded by how far the run extended itself and
-    why it stopped (see ``ppl.inference._extend``), when it could."""
+    why it stopped (see ``ppl.core.extend``), when it could."""
     info = getattr(posterior, "info", None) or {}
     stop = info.get("extension_stop")
     if not isinstance(stop, str) or stop in ("off", "not needed", "passed"):

@@ -1,4 +1,4 @@
-"""``vae_report``: how good is a fitted VAE, and how good is its encoder?
+"""``ppl.vae_report``: how good is a fitted VAE, and how good is its encoder?
 
 All per-datum numbers are averages over the rows of the X passed in (use held-out data for
 generalisation). With q(z | x) the encoder and K draws z_k ∼ q(z | x) per datum:
@@ -26,9 +26,9 @@ import jax
 import numpy as np
 from scipy.special import logsumexp
 
-import ppl
-from ppl import _vae
-from ppl._keys import as_key
+from ppl._fit import fit
+from ppl.core import vae
+from ppl.core.keys import as_key
 from ppl.diagnostics import _arviz
 
 __all__ = ["vae_report", "VAEReport"]
@@ -77,7 +77,7 @@ def vae_report(post, X, *, seed, num_samples: int = 500, gap_points: int = 20) -
     key = as_key(seed)
     weight_key, gap_key, fit_key = jax.random.split(key, 3)
     X = np.asarray(X)
-    log_w, _, _ = _vae.importance_weights(post, X, num_samples, weight_key)
+    log_w, _, _ = vae.importance_weights(post, X, num_samples, weight_key)
     per_elbo = log_w.mean(axis=0)
     log_px = logsumexp(log_w, axis=0) - np.log(num_samples)
     iwae = logsumexp(log_w[:IWAE_K], axis=0) - np.log(IWAE_K)
@@ -91,9 +91,9 @@ def vae_report(post, X, *, seed, num_samples: int = 500, gap_points: int = 20) -
         chosen = np.sort(np.asarray(jax.random.permutation(gap_key, X.shape[0]))[:rows])
         local = post.local_model(X[chosen])
         svi_key, nuts_key = jax.random.split(fit_key)
-        best = ppl.fit(local, method="svi", seed=svi_key, guide="full_rank")
+        best = fit(local, method="svi", seed=svi_key, guide="full_rank")
         gap = float((best.diagnostics().elbo - per_elbo[chosen].sum()) / rows)
-        exact = ppl.fit(local, method="nuts", seed=nuts_key, num_chains=2, num_warmup=500, num_samples=500)
+        exact = fit(local, method="nuts", seed=nuts_key, num_chains=2, num_warmup=500, num_samples=500)
         z = exact.draws["z"].reshape(-1, rows, loc.shape[1])
         mean_error = float(np.mean(np.abs(loc[chosen] - z.mean(axis=0)) / z.std(axis=0)))
         sd_ratio = float(np.mean(scale[chosen] / z.std(axis=0)))

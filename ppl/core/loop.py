@@ -13,7 +13,7 @@ What differs is in a :class:`Loop`, the split BlackJAX makes between a kernel an
 drives it: ``begin`` (what runs before the first chunk: a sampler's warmup), ``advance`` (one
 chunk: run it, keep its results, raise :class:`ppl.NonFiniteError` on a non-finite state),
 ``snapshot`` (the partial result and the state to resume from, for a checkpoint) and ``finish``
-(the result, or :class:`ppl._checkpoint.Interrupted` when there is none). ``resumable`` says
+(the result, or :class:`ppl.core.checkpoint.Interrupted` when there is none). ``resumable`` says
 whether the loop's state can be written and continued; the driver writes checkpoints only then.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ppl import _interrupt, _progress
-from ppl._errors import NonFiniteError
+from ppl.core import interrupt, progress
+from ppl.core.errors import NonFiniteError
 
 __all__ = ["Loop", "SamplerLoop", "drive"]
 
@@ -98,9 +98,9 @@ def drive(loop: Loop, session):
     """Run ``loop`` to its end: chunks until a round is over, then the loop's own judgement of
     whether to go on; between chunks, Ctrl-C and checkpoints. Returns ``loop.finish()``."""
     session.start_count(loop.count())
-    with _progress.task(*loop.bars()), _interrupt.guard():
+    with progress.task(*loop.bars()), interrupt.guard():
         loop.begin()
-        while not _interrupt.requested():
+        while not interrupt.requested():
             if loop.round_over():
                 if loop.next_round():
                     continue

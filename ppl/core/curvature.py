@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ppl._errors import OptionError
+from ppl.core.errors import OptionError
 
 __all__ = [
     "linearize", "output_jacobians", "ggn", "ggn_vp", "ggn_lowrank", "kfac_factors", "hessian",

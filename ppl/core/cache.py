@@ -17,7 +17,7 @@ import os
 import stat
 from pathlib import Path
 
-from ppl._errors import OptionError
+from ppl.core.errors import OptionError
 
 __all__ = ["use_compilation_cache", "default_cache_dir", "CACHE_ENV", "DEFAULT_MAX_BYTES"]
 

@@ -1,6 +1,6 @@
 """Run folders: writing them (``Posterior.save(path)``, checkpoints) and reading their files checked.
 
-Building a Posterior back from a folder (``ppl.load``) is ``ppl._load``, above the Posterior; this
+Building a Posterior back from a folder (``ppl.load``) is ``ppl.io.load``, above the Posterior; this
 module sits below it and below the checkpoints, which write through it.
 
 A run folder holds
@@ -58,10 +58,9 @@ from typing import NamedTuple
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from ppl._errors import RunError
-from ppl._records import RECORDS, to_saved
-from ppl.inference import registry
-
+from ppl.core import registry
+from ppl.core.errors import RunError
+from ppl.core.records import RECORDS, to_saved
 __all__ = ["RunTarget", "save_run", "save_posterior", "read_run_meta", "read_run_files", "run_lock", "fingerprint"]
 
 FORMAT = "ppl-run"

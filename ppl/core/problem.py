@@ -29,9 +29,9 @@ from numpyro.distributions import Distribution, ImproperUniform, biject_to, cons
 from numpyro.infer.initialization import init_to_uniform
 from numpyro.distributions.util import sum_rightmost
 
-from ppl._data import validate_program_data, validate_supervised, validate_unsupervised
-from ppl._errors import DataError, MemoryBudgetError, OptionError
-from ppl.inference._base import MEMORY_BUDGET_BYTES
+from ppl.core.data import validate_program_data, validate_supervised, validate_unsupervised
+from ppl.core.errors import DataError, MemoryBudgetError, OptionError
+from ppl.core.method import MEMORY_BUDGET_BYTES
 from ppl.models._base import ACTIVATIONS, SupervisedModel
 
 __all__ = ["Problem", "ProblemSpec", "Site", "DeterministicSite", "compile_problem", "TEMPERINGS", "trace_count"]
@@ -751,6 +751,6 @@ def _discover_sites(problem: Problem) -> tuple:
     if local_sites:
         no_pointwise = (
             "the model has local latents: log p(x_i) integrates them out, which PSIS-LOO over global draws "
-            "cannot do — ppl.diagnostics.vae_report estimates log p(x) by importance sampling"
+            "cannot do — ppl.vae_report estimates log p(x) by importance sampling"
         )
     return tuple(sites), tuple(s["name"] for s in observed), no_pointwise, tuple(local_sites), tuple(deterministic)

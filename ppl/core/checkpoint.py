@@ -2,7 +2,7 @@
 
 A long loop (optimisation steps, MCMC steps) carries a state pytree between compiled chunks. A
 :class:`ResumeState` is that state flattened to plain arrays, plus the loop's progress counters and
-the results gathered so far. It is saved inside a run folder (``ppl._io``) and read back without
+the results gathered so far. It is saved inside a run folder (``ppl.io.store``) and read back without
 unpickling anything: the tree structure is rebuilt by the method itself from its own options, and
 each stored leaf must match the rebuilt structure's shape and dtype.
 
@@ -18,8 +18,8 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
-from ppl._errors import ResumeError, RunError
-from ppl._io import save_run
+from ppl.core.errors import ResumeError, RunError
+from ppl.io.store import save_run
 
 __all__ = ["ResumeState", "Session", "Interrupted", "restore_tree"]
 

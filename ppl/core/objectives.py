@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax.scipy.special import logsumexp
 
-from ppl.inference import _devices
-
+from ppl.core import devices
 __all__ = ["ELBO", "IWAE", "Renyi", "OBJECTIVES", "GuideLoss", "kl_weight", "local_loss", "local_log_weights"]
 
 OBJECTIVES = ("elbo", "iwae", "renyi")
@@ -44,7 +43,7 @@ def kl_weight(beta: float, kl_warmup: int, step) -> jax.Array:
 
 
 def _parts(problem, draws, batch):
-    draws = _devices.shard_particles(draws)  # split over devices when a fit runs on several
+    draws = devices.shard_particles(draws)  # split over devices when a fit runs on several
     return jax.vmap(lambda u: problem.density_parts(u, batch))(draws)
 
 
