@@ -31,7 +31,7 @@ import numpy as np
 import optax
 from scipy.special import log_softmax
 
-from ppl.core.posterior import classification_prediction
+from ppl.core.predict import classification_prediction
 from ppl.core.problem import compile_problem
 from ppl.diagnostics.metrics import classification_metrics, ood_auroc
 from ppl.inference.laplace import Laplace

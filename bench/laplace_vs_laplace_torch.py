@@ -20,7 +20,7 @@ so differences are about the methods, not rounding. Reported per configuration:
 
 * agreement of the probit predictive probabilities on the test set (max and mean |Δp|), of the
   linearised output variances diag(J Σ Jᵀ) (max relative difference; ppl's from its private
-  ``_linearized_outputs``, laplace-torch's from ``_glm_predictive_distribution``), and of the
+  ``linearized_outputs``, laplace-torch's from ``_glm_predictive_distribution``), and of the
   MAP logits (a check of the weight copy);
 * fit and predict times: for ppl the first call (with JAX compilation) and the median of
   ``--repeats`` warm calls of the same fit/predict; for laplace-torch the median of ``--repeats``
@@ -88,7 +88,7 @@ import numpy as np
 import ppl
 from bench import _harness
 from ppl.core import curvature
-from ppl.core.posterior import _linearized_outputs
+from ppl.core.predict import linearized_outputs
 from ppl.models import BNN
 
 INSTALL = """laplace-torch is not importable in this Python ({exe}): {error}
@@ -204,7 +204,7 @@ def run_ppl(data, model, mp, subset, hessian, repeats) -> dict:
     pred, pred_first = timed(predict)
     fit_warm = statistics.median(timed(fit)[1] for _ in range(repeats))
     pred_warm = statistics.median(timed(predict)[1] for _ in range(repeats))
-    mean, cov = _linearized_outputs(la.problem, la.approximation, jnp.asarray(X_test, jnp.float64))
+    mean, cov = linearized_outputs(la.problem, la.approximation, jnp.asarray(X_test, jnp.float64))
     return {
         "la": la, "probs": np.asarray(pred.probs), "mean": np.asarray(mean),
         "var": np.diagonal(np.asarray(cov), axis1=-2, axis2=-1),

@@ -19,7 +19,7 @@ from scipy.special import log_softmax, logsumexp
 from ppl.core.data import validate_inputs, validate_supervised
 from ppl.core.errors import DataError, OptionError, RunError
 from ppl.core.keys import as_key
-from ppl.core.posterior import classification_prediction, entropy_of
+from ppl.core.predict import classification_prediction, entropy_of
 from ppl.core.results import Prediction
 from ppl.diagnostics import classification_metrics
 from ppl.io.load import load_with

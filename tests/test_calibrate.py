@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ppl._calibrate import _aps_cumulative, _fit_temperature, _scaled_nll, conformal_rank, scale_temperature
-from ppl.core.posterior import _class_log_probs, classification_prediction
+from ppl.core.predict import class_log_probs, classification_prediction
 from ppl.models import BNN, LinearRegression
 import ppl
 
@@ -26,7 +26,7 @@ def _softmax(z):
 # -- temperature scaling by hand -------------------------------------------------------------------
 def test_scaled_probabilities_are_softmax_of_logits_over_temperature():
     logits = np.array([[[2.0, -1.0, 0.5], [0.0, 3.0, -2.0]], [[1.0, 1.0, -4.0], [-1.0, 0.5, 2.5]]])  # (S=2, N=2, C=3)
-    prediction = classification_prediction(np.asarray(_class_log_probs("categorical", logits)))
+    prediction = classification_prediction(np.asarray(class_log_probs("categorical", logits)))
     for temperature in (0.5, 1.0, 2.7):
         scaled = scale_temperature(prediction, temperature)
         members = _softmax(logits / temperature)
@@ -44,7 +44,7 @@ def test_scaled_probabilities_are_softmax_of_logits_over_temperature():
 def test_bernoulli_layout_scales_the_single_logit():
     # Two columns log σ(−f), log σ(f): scaling must give P(y = 1) = mean_s σ(f_s / T).
     f = np.array([[3.0, -0.5, 8.0], [1.0, 2.0, -6.0]])  # (S=2, N=3)
-    prediction = classification_prediction(np.asarray(_class_log_probs("bernoulli", f)))
+    prediction = classification_prediction(np.asarray(class_log_probs("bernoulli", f)))
     temperature = 2.5
     scaled = scale_temperature(prediction, temperature)
     expected = np.mean(1.0 / (1.0 + np.exp(-f / temperature)), axis=0)
@@ -69,7 +69,7 @@ def test_fitted_temperature_is_never_worse_than_one_and_is_the_grid_optimum():
     for case, sharpen in enumerate((0.3, 1.0, 3.0, 1.0)):
         num_draws = 1 if case == 3 else 5
         logits = rng.normal(size=(num_draws, 200, 4)) * 2.0 + rng.normal(size=(1, 200, 4))
-        members = np.asarray(_class_log_probs("categorical", logits))
+        members = np.asarray(class_log_probs("categorical", logits))
         truth = _softmax(logits.mean(axis=0) * sharpen)
         labels = np.array([rng.choice(4, p=p) for p in truth])
         temperature, nll, nll_at_one, _ = _fit_temperature(members, labels)
@@ -136,7 +136,7 @@ def test_a_validation_split_that_cannot_pin_the_temperature_down():
     logits = np.zeros((1, 50, 3))
     labels = np.arange(50) % 3
     logits[0, np.arange(50), labels] = 2.0
-    members = np.asarray(_class_log_probs("categorical", logits))
+    members = np.asarray(class_log_probs("categorical", logits))
     temperature, nll, nll_at_one, at_bound = _fit_temperature(members, labels)
     assert at_bound and abs(temperature - 0.01) < 1e-12 and nll < nll_at_one
 

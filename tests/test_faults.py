@@ -1153,11 +1153,11 @@ def test_memory_over_asks_are_refused_before_anything_runs():
 
 
 def test_prediction_over_many_inputs_runs_in_chunks(monkeypatch, linear_model, linear_data):
-    from ppl.core import posterior
+    from ppl.core import predict
     post = ppl.fit(linear_model, linear_data.train, method="exact", seed=0, num_draws=200)
     X = np.random.default_rng(1).standard_normal((5000, linear_data.train[0].shape[1]))
     whole = post.predict(X, seed=0)
-    monkeypatch.setattr(posterior, "PREDICT_CHUNK_BYTES", 200 * 8 * 700)  # 700 rows a chunk
+    monkeypatch.setattr(predict, "PREDICT_CHUNK_BYTES", 200 * 8 * 700)  # 700 rows a chunk
     chunked = post.predict(X, seed=0)
     np.testing.assert_allclose(chunked.mean, whole.mean, rtol=1e-12)
     np.testing.assert_allclose(chunked.variance, whole.variance, rtol=1e-12)

@@ -579,14 +579,14 @@ def test_multi_output_bad_input_is_refused():
 def test_heteroscedastic_noise_survives_row_chunking(monkeypatch):
     # The per-input noise of a heteroscedastic model must be joined across row chunks like the means
     # (it was once taken from the first chunk only).
-    import ppl.core.posterior as posterior_module
+    import ppl.core.predict as predict_module
 
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 2))
     y = X[:, 0] + rng.normal(size=40) * 0.3
     post = ppl.fit(BNN(hidden=(4,), likelihood="heteroscedastic"), (X, y), method="map", seed=0, steps=50)
     whole = post.predict(X[:10], seed=0)
-    monkeypatch.setattr(posterior_module, "PREDICT_CHUNK_BYTES", 3 * 2 * 8)  # three rows a chunk
+    monkeypatch.setattr(predict_module, "PREDICT_CHUNK_BYTES", 3 * 2 * 8)  # three rows a chunk
     chunked = post.predict(X[:10], seed=0)
     assert chunked.member_noise.shape == whole.member_noise.shape == (1, 10)
     np.testing.assert_allclose(chunked.member_noise, whole.member_noise, atol=1e-12)

@@ -43,18 +43,18 @@ def test_float32_classification_nll_is_computed_in_log_space():
     # clipped probability 1 − sigmoid(17) = 0 in float32 it read 690.8 (−log 1e-300).
     import jax.numpy as jnp
 
-    from ppl.core.posterior import classification_prediction, _class_log_probs
+    from ppl.core.predict import class_log_probs, classification_prediction
 
     logits = jnp.asarray([[17.0], [-17.0], [0.5]], dtype=jnp.float32)[None, :, 0]  # one draw, three inputs
-    prediction = classification_prediction(np.asarray(_class_log_probs("bernoulli", logits)))
+    prediction = classification_prediction(np.asarray(class_log_probs("bernoulli", logits)))
     expected = np.logaddexp(0.0, np.array([17.0, 17.0, -0.5]))  # softplus of the logit against the label
     np.testing.assert_allclose(-prediction.log_prob(np.array([0, 1, 1])), expected, rtol=1e-6)
     assert abs(classification_metrics(prediction, np.array([0, 1, 1]))["nll"] - expected.mean()) < 1e-5
     # softmax: the wrong class's log probability is its logit gap, not log 0
-    cat = classification_prediction(np.asarray(_class_log_probs("categorical", jnp.asarray([[[40.0, 0.0, 0.0]]], jnp.float32))))
+    cat = classification_prediction(np.asarray(class_log_probs("categorical", jnp.asarray([[[40.0, 0.0, 0.0]]], jnp.float32))))
     np.testing.assert_allclose(-cat.log_prob(np.array([1])), [40.0], rtol=1e-6)
     # over draws: log-mean-exp, so one confident wrong draw of two costs log 2 plus the other's NLL
-    two = classification_prediction(np.asarray(_class_log_probs("bernoulli", jnp.asarray([[30.0], [-30.0]], jnp.float32))))
+    two = classification_prediction(np.asarray(class_log_probs("bernoulli", jnp.asarray([[30.0], [-30.0]], jnp.float32))))
     np.testing.assert_allclose(-two.log_prob(np.array([0])), [np.log(2.0)], rtol=1e-6)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import scipy.stats
 
-from ppl.core import posterior
+from ppl.core import predict
 from ppl.diagnostics import _arviz, function_rhat, psis_loo
 from ppl.models import BNN
 import ppl
@@ -32,7 +32,7 @@ def chains(cancer):
 
 def test_summaries_block_by_block_equal_the_whole_prediction(chains, cancer, monkeypatch):
     whole = chains.predict(cancer.test.X, seed=0)
-    monkeypatch.setattr(posterior, "BLOCK_BYTES", 120 * 2 * 8 * 7)  # 7 rows a block: 17 blocks
+    monkeypatch.setattr(predict, "BLOCK_BYTES", 120 * 2 * 8 * 7)  # 7 rows a block: 17 blocks
     blocks = chains.predict(cancer.test.X, seed=0, keep_draws=False)
     for name in ("probs", "log_probs", "entropy", "aleatoric", "epistemic"):
         np.testing.assert_allclose(getattr(blocks, name), getattr(whole, name), rtol=1e-12, atol=1e-15)
@@ -44,7 +44,7 @@ def test_regression_summaries_equal_and_what_needs_draws_says_so(linear_data, mo
     post = ppl.fit(ppl.models.LinearRegression(noise_scale=0.5), linear_data.train, method="svi", seed=0,
                    steps=300, progress_bar=False)
     whole = post.predict(linear_data.test.X, seed=0)
-    monkeypatch.setattr(posterior, "BLOCK_BYTES", post.num_chains * post.num_draws * 2 * 8 * 3)
+    monkeypatch.setattr(predict, "BLOCK_BYTES", post.num_chains * post.num_draws * 2 * 8 * 3)
     blocks = post.predict(linear_data.test.X, seed=0, keep_draws=False)
     for name in ("mean", "variance", "epistemic_variance", "aleatoric_variance"):
         np.testing.assert_allclose(getattr(blocks, name), getattr(whole, name), rtol=1e-12, atol=1e-15)
