@@ -39,7 +39,7 @@ import numpy as np
 import optax
 
 from ppl.core import curvature
-from ppl.core.checkpoint import Interrupted
+from ppl.core.checkpoint import Interrupted, Session
 from ppl.core.errors import OptionError
 from ppl.core.problem import compile_problem
 from ppl.inference import _curvatures as structures
@@ -150,7 +150,7 @@ def init_target(problem, init):
     return recompiled(problem, theirs)
 
 
-def prepare(name: str, value, key, problem, *, steps: int, init: str = "prior") -> tuple:
+def prepare(name: str, value, key, problem, *, steps: int, init: str = "prior", session: Session | None = None) -> tuple:
     """``(target, info)``: the problem the method runs on — ``problem`` itself, the model with a
     given Gaussian prior, or the model with its prior and σ tuned by the evidence — and a record
     of the tuning for the posterior's ``info``."""
@@ -159,18 +159,20 @@ def prepare(name: str, value, key, problem, *, steps: int, init: str = "prior") 
         return problem, {}
     if not isinstance(value, str):
         return with_prior(problem, value), {}
-    return tuned(name, key, problem, steps=steps, init=init)
+    return tuned(name, key, problem, steps=steps, init=init, session=session)
 
 
-def tuned(name: str, key, problem, *, steps: int, init: str = "prior") -> tuple:
+def tuned(name: str, key, problem, *, steps: int, init: str = "prior", session: Session | None = None) -> tuple:
     """The evidence tuning over all of a network's weights with K-FAC curvature, from a MAP of
     ``min(steps, TUNE_STEPS)`` L-BFGS iterations (as many in each round): a short start is enough,
-    as each round's MAP moves with the hyperparameters. Returns ``(target, info)``."""
+    as each round's MAP moves with the hyperparameters. Returns ``(target, info)``. The MAP runs in
+    ``session``'s context (devices, progress, stop request), without checkpoints."""
     tune_key = jax.random.fold_in(key, TUNE_STREAM)
     map_key, evidence_key = jax.random.split(tune_key)
     steps = min(int(steps), TUNE_STEPS)
     # the map method's climb with the model's own prior: L-BFGS on the full data, exactly `steps` iterations
-    found = fit_mode(map_key, problem, OptimizerConfig("lbfgs", steps, max_steps=steps), init=init)
+    found = fit_mode(map_key, problem, OptimizerConfig("lbfgs", steps, max_steps=steps), init=init,
+                     session=None if session is None else session.inner())
     if found.status.interrupted:
         raise Interrupted(f"{name}: interrupted while tuning the prior and noise scale (prior_precision='marglik')", None)
     index = np.flatnonzero(curvature.network_mask(problem))

@@ -107,7 +107,7 @@ class BatchEnsemble(Ensemble):
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
-        problem, tuned = self.target(key, problem)
+        problem, tuned = self.target(key, problem, session)
         layout = sharing(problem)
         start = self.starting_point(key, problem, layout)
         config = self.config()

@@ -68,7 +68,7 @@ class Ensemble(MAP):
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
         # one tuning of the prior and noise scale (prior_precision), shared by the members: member 0 stays the map run
-        problem, tuned = self.target(key, problem)
+        problem, tuned = self.target(key, problem, session)
         return train_members(key, problem, self.config(), num_members=self.num_members,
                              learning_rate=self.learning_rate, init=self.init, session=session, info=tuned)
 

@@ -249,7 +249,7 @@ class Exact(Method):
                 + " — use 'nuts' or 'svi'"
             )
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session=None) -> Posterior:
         self.check(problem)
         mean, scale_tril, log_z, rcond = gaussian_integral(problem)
         if not float(rcond) > pivot_tolerance(problem.num_params, mean.dtype):

@@ -120,6 +120,7 @@ class IVON(Method):
     name: ClassVar[str] = "ivon"
     kind: ClassVar[str] = "independent"
     loss_label: ClassVar[str] = "negative ELBO, estimated each step"
+    resumable: ClassVar[bool] = True
     description: ClassVar[str] = (
         "IVON: mean-field Gaussian by variational online Newton (natural-gradient VI at Adam's cost)"
     )

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ppl.core import curvature
+from ppl.core.checkpoint import Session
 from ppl.core.data import check_batch_size
 from ppl.core.errors import MemoryBudgetError, OptionError
 from ppl.core.posterior import Posterior
@@ -285,8 +286,9 @@ class Laplace(Method):
             )
 
     # -- the run --------------------------------------------------------------------------------------
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        session = session or Session()
         map_key, curve_key, draw_key = jax.random.split(key, 3)
         if isinstance(self.init, Posterior):
             problem = empirical_bayes.init_target(problem, self.init)
@@ -297,8 +299,9 @@ class Laplace(Method):
             target = empirical_bayes.with_prior(problem, precision)
         elif precision == "marglik" and prior_precision == "auto":
             # the default: tuned over all weights (as every point method tunes), then approximated as asked
-            target, info = empirical_bayes.tuned(self.name, key, problem, steps=self.steps, init=self._init_name(problem))
-        u, status, trace, map_info = self._map(map_key, target)
+            target, info = empirical_bayes.tuned(self.name, key, problem, steps=self.steps, init=self._init_name(problem),
+                                                 session=session)
+        u, status, trace, map_info = self._map(map_key, target, session)
         info.update(map_info)
         if prior_precision == "marglik":
             target, u, marglik_status, marglik_info = self._marglik(curve_key, target, u)
@@ -352,7 +355,7 @@ class Laplace(Method):
         movable[self.free_index(problem)] = True
         return movable
 
-    def _map(self, key, problem) -> tuple:
+    def _map(self, key, problem, session: Session) -> tuple:
         """(mode, status, MAP trace or None, info): the mode and how it was found (from ``init`` or
         a fresh optimisation)."""
         if isinstance(self.init, Posterior):
@@ -366,7 +369,7 @@ class Laplace(Method):
             start = problem.init_position(key, "median" if init == "prior" else init)
             result = minimize(
                 NegativeLogDensity(), OptimizerConfig("lbfgs", self.steps), problem, start, key,
-                learning_rate=self.learning_rate, label="laplace (mode)",
+                learning_rate=self.learning_rate, label="laplace (mode)", session=session.inner(),
             )
             status, _, info = mode_stationarity(problem, result.params, key, start, "L-BFGS", density=True)
             return result.params, status, TrainingTrace(losses=np.asarray(result.losses)), info
@@ -374,7 +377,7 @@ class Laplace(Method):
         movable = self._movable(problem)
         config = mode_config(self._round(problem), self.batch_size, max_steps=budget_of(self.steps, None))
         found = fit_mode(key, problem, config, learning_rate=self.learning_rate, init=self._init_name(problem),
-                         movable=movable)
+                         movable=movable, session=session.inner())
         u = found.approximation.loc
         # An interrupted search (Ctrl-C) is recorded in the status: the diagnostics then fail the result.
         status = found.status

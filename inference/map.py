@@ -40,6 +40,7 @@ class MAP(Method):
     """
 
     name = "map"
+    resumable = True
     kind = "point"
     loss_label = "negative log joint"
     model_options = ("prior_precision",)
@@ -68,10 +69,11 @@ class MAP(Method):
         check_batch_size(self.batch_size, problem.num_data)
         empirical_bayes.check(self.name, self.prior_precision, problem)
 
-    def target(self, key, problem) -> tuple:
+    def target(self, key, problem, session: Session | None = None) -> tuple:
         """(the problem to run on, a record for ``info``): the model with the prior
         ``prior_precision`` sets (tuned by the evidence under ``"auto"``/``"marglik"``)."""
-        return empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps, init=self.init)
+        return empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps, init=self.init,
+                                       session=session)
 
     def config(self) -> OptimizerConfig:
         return mode_config(self.steps, self.batch_size, self.optimizer, self.max_steps)
@@ -81,6 +83,6 @@ class MAP(Method):
 
     def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
-        problem, tuned = self.target(key, problem)
+        problem, tuned = self.target(key, problem, session)
         return fit_mode(key, problem, self.config(), learning_rate=self.learning_rate, init=self.init, session=session,
                         info=tuned)

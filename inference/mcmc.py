@@ -171,6 +171,7 @@ def _chunk_capacity(num_params: int, itemsize: int) -> int:
 @dataclass(frozen=True)
 class _MCMC(Method):
     kind = "chains"
+    resumable = True
     num_warmup: int = 500
     num_samples: int = 1000
     num_chains: int = 4
@@ -407,7 +408,7 @@ class _ChainsLoop(SamplerLoop):
             halved = restored_halving(resume.progress)
         self.extension = Extension(method, session, rounds_done=self.target // method.num_samples, halved=halved)
         self.per_round = method.num_chains * method.num_samples * problem.num_params * np.dtype(dtype).itemsize
-        devices = _devices.current()
+        devices = _devices.available(session.devices)
         if method.chain_method == "vectorized":
             self.groups = [[_Lane(chains, True, _devices.spread_devices(len(chains), devices))]]
         else:

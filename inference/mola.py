@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ppl.core.checkpoint import Session
 from ppl.core.errors import OptionError
 from ppl.core.gaussian import Mixture, draw
 from ppl.core.method import Method, check_choice, check_positive_int
@@ -78,15 +79,16 @@ class MoLA(Method):
         empirical_bayes.check(self.name, self.prior_precision, problem)
         self._laplace().check(problem)
 
-    def run(self, key, problem) -> Posterior:
+    def run(self, key, problem, session: Session | None = None) -> Posterior:
         self.check(problem)
+        session = session or Session()
         laplace = self._laplace()
         # one prior (tuned once under "auto" for a regression network with a learned σ) for every member
         target, tuned = empirical_bayes.prepare(self.name, self.prior_precision, key, problem, steps=self.steps,
-                                                init=self.init)
+                                                init=self.init, session=session)
         start_key, curve_key, draw_key = jax.random.split(key, 3)
         found = train_members(start_key, target, mode_config(self.steps, optimizer="lbfgs"),
-                              num_members=self.num_members, init=self.init)
+                              num_members=self.num_members, init=self.init, session=session.inner())
         modes = found.flat_draws[:, 0]
         keys = member_keys(start_key, self.num_members)
         index = laplace.free_index(target)

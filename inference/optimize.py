@@ -475,7 +475,7 @@ class _MinimizeLoop(Loop):
         self.capacity = max(1, min(CHUNK_CAPACITY, config.steps))
         self.learning_rate = jnp.asarray(learning_rate, dtype=problem.init_params.dtype)
         opt_state = _init_state(config, params, self.learning_rate, members=members is not None, collector=collector)
-        self.run_chunk = _chunk_runner(objective, members)
+        self.run_chunk = _chunk_runner(objective, members, session.devices)
         self.lead = () if members is None else (int(members),)
         self.budget = config.budget if judge is not None else config.steps
         self.history: list = []
@@ -638,16 +638,17 @@ class _MinimizeLoop(Loop):
         return error
 
 
-def _chunk_runner(objective, members):
-    """The compiled chunk for one run or for ``members`` runs trained together."""
+def _chunk_runner(objective, members, devices):
+    """The compiled chunk for one run or for ``members`` runs trained together, on ``devices``
+    (None: all of ``jax.devices()``)."""
     if members is None:
         # One run: its steps are partitioned over every device of the fit (data rows and particles).
-        mesh = _devices.run_mesh(None, getattr(getattr(objective, "objective", objective), "num_particles", 1))
+        mesh = _devices.run_mesh(devices, getattr(getattr(objective, "objective", objective), "num_particles", 1))
 
         def run_chunk(*args):
             return _run_chunk(*args, mesh=mesh)
         return run_chunk
-    devices = _devices.spread_devices(int(members))
+    devices = _devices.spread_devices(int(members), devices)
     if len(devices) == 1:
         return _run_members_chunk
 

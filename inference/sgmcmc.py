@@ -418,6 +418,7 @@ class WhitenedChains(Method):
     ``_transition`` (one warmup step) and ``_draw`` (the steps behind one stored draw)."""
 
     kind: ClassVar[str] = "chains"
+    resumable: ClassVar[bool] = True
     # warmup windows after each of which every chain's frame and step are re-measured where it stands
     adapt_windows: ClassVar[int] = 0
 
@@ -751,7 +752,7 @@ class _WhitenedLoop(SamplerLoop):
             self.draws, self.done, self.target, self.tune = method._resumed(session.resume, problem, self.tune)
             halved = restored_halving(session.resume.progress)
             self.state = restore_tree(self.state, session.resume.leaves, "chain state")
-        self.devices = _devices.spread_devices(method.num_chains)
+        self.devices = _devices.spread_devices(method.num_chains, session.devices)
         self.extension = Extension(method, session, rounds_done=self.target // method.num_samples, halved=halved)
         self.per_round = method.num_chains * method.num_samples * problem.num_params * np.dtype(self.dtype).itemsize
         self.steps = None  # the sampling steps, fixed once warmup is over

@@ -39,7 +39,6 @@ import numpy as np
 from scipy.special import logsumexp
 
 from ppl.core import curvature
-from ppl.core import interrupt
 from ppl.core.checkpoint import Interrupted, ResumeState, Session
 from ppl.core.data import check_batch_size
 from ppl.core.errors import NonFiniteError, OptionError
@@ -133,7 +132,7 @@ def frame_from_posterior(problem, posterior) -> tuple:
     return frame_from_hessian(mean, (vectors / values) @ vectors.T), f"started at {what}"
 
 
-def starting_frame(problem, key, init, batch_size: int | None, learning_rate: float):
+def starting_frame(problem, key, init, batch_size: int | None, learning_rate: float, session: Session | None = None):
     """The frame the guide starts in (see the module docstring) and a note on how it was found."""
     if isinstance(init, Posterior):
         return frame_from_posterior(problem, init)
@@ -153,7 +152,8 @@ def starting_frame(problem, key, init, batch_size: int | None, learning_rate: fl
     fallback = f"started at {where} with sd {INIT_SCALE}"
     objective = NegativeLogDensity()
     try:
-        result = minimize(objective, config, problem, start, key, learning_rate=learning_rate, label="svi start (map)")
+        result = minimize(objective, config, problem, start, key, learning_rate=learning_rate, label="svi start (map)",
+                          session=None if session is None else session.inner())
     except NonFiniteError as error:
         return Frame.plain(start), f"the MAP start failed ({error}); {fallback}"
     mode = result.params
@@ -214,6 +214,7 @@ class SVI(Method):
     """Stochastic variational inference: guides × objectives (see ``docs/methods/svi.md``)."""
 
     name = "svi"
+    resumable = True
     kind = "independent"  # "point" when the guide is a point mass (delta)
     loss_label = "negated objective, estimated each step (negative ELBO by default)"
     description = (
@@ -337,9 +338,9 @@ class SVI(Method):
         # "auto" may pick a point (delta) for a VAE: then fewer
         return self.num_draws if self.guide == "auto" or guide_class(self.guide).has_density else 1
 
-    def starting_frame(self, problem, key):
+    def starting_frame(self, problem, key, session: Session | None = None):
         if not problem.local_sites:
-            return starting_frame(problem, key, self.init, self.batch_size, self.learning_rate)
+            return starting_frame(problem, key, self.init, self.batch_size, self.learning_rate, session)
         # A model with local latents starts from its own network initialisation (a MAP of the
         # decoder would need the local latents integrated out first).
         start = problem.unconstrain(
@@ -411,10 +412,10 @@ class SVI(Method):
                 ResumeState("optimize", {"steps_done": 0}, [], {"losses": np.zeros(0)}),
             )
             try:
-                frame, start_note = self.starting_frame(problem, init_key)
+                frame, start_note = self.starting_frame(problem, init_key, session)
             except Interrupted:
                 raise stopped from None
-            if interrupt.requested():
+            if session.stop():
                 raise stopped
         else:  # every number is replaced by the checkpoint's; only the structure matters
             frame, start_note = _frame_template(problem, self.init, self.batch_size), "resumed from a checkpoint"

@@ -143,6 +143,7 @@ class SWAG(Method):
     model_options: ClassVar[tuple] = ("prior_precision",)
     kind: ClassVar[str] = "independent"
     loss_label: ClassVar[str] = "mean negative log joint per row, on each SGD minibatch after the MAP"
+    resumable: ClassVar[bool] = True
 
     @classmethod
     def round_length(cls, posterior) -> None:
@@ -272,7 +273,7 @@ class SWAG(Method):
         # the prior and σ the whole run uses (tuned again, identically, when a run is resumed)
         problem, tuned = empirical_bayes.prepare(
             self.name, self.prior_precision, key, problem, steps=self.steps,
-            init="prior" if isinstance(self.init, Posterior) else self.init,
+            init="prior" if isinstance(self.init, Posterior) else self.init, session=session,
         )
         map_key, swag_key, draw_key = jax.random.split(key, 3)
         members = self._members()

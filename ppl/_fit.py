@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import os
 import time
 import warnings
@@ -12,7 +11,7 @@ import jax
 import numpy as np
 
 from ppl.core import devices as _devices, registry
-from ppl.core import interrupt, progress
+from ppl.core import interrupt
 from ppl.core.checkpoint import Interrupted, Session
 from ppl.core.data import validate_supervised
 from ppl.core.errors import NonFiniteError, OptionError, ResumeError
@@ -125,9 +124,10 @@ def fit(
     method_obj.check(problem)
     print_seed = seed_record(seed)
     fingerprint = store.fingerprint(problem, method_obj, print_seed)
-    session = Session(shortfall=_convergence_shortfall)
-    takes_session = "session" in inspect.signature(method_obj.run).parameters
-    if not takes_session and (resume is not None or checkpoint_every is not None):
+    # the run's context, passed to the method as a value: what it checkpoints and resumes, the
+    # devices its programs run on, how progress shows, and the stop request (Ctrl-C, SIGTERM)
+    session = Session(shortfall=_convergence_shortfall, devices=chosen, progress=progress_bar)
+    if not method_obj.resumable and (resume is not None or checkpoint_every is not None):
         raise OptionError(f"method {method!r} computes its result in one step: there is nothing to checkpoint or resume")
     if resume is not None:
         session.resume = _resume_state(resume, fingerprint)
@@ -164,8 +164,8 @@ def fit(
     try:
         # The guard covers the whole run, not only its loop: a Ctrl-C while the result is being
         # assembled stops nothing and loses nothing.
-        with interrupt.guard(), progress.setting(progress_bar), _devices.use(chosen):
-            posterior = method_obj.run(key, problem, session=session) if takes_session else method_obj.run(key, problem)
+        with interrupt.guard():
+            posterior = method_obj.run(key, problem, session)
     except Interrupted as error:
         error.fingerprint = fingerprint
         raise

@@ -183,7 +183,7 @@ def test_progress_lines_say_compiling_then_count_when_output_is_not_a_terminal(m
 
     from ppl.core import progress
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.05)
-    with progress.setting("lines"), progress.task("nuts warmup", 500, ("nuts sampling", 1000)):
+    with progress.task("nuts warmup", 500, ("nuts sampling", 1000), mode="lines"):
         time.sleep(0.2)  # compiling: nothing reported yet
         progress.advance(500, 0)
         progress.advance(300, 1)
@@ -193,9 +193,23 @@ def test_progress_lines_say_compiling_then_count_when_output_is_not_a_terminal(m
     assert lines[0].startswith("  nuts warmup: compiling, ") and lines[0].endswith(" s")
     assert lines[-1].startswith("  nuts sampling: 300/1000, ") and not err.out
     monkeypatch.setattr(progress, "HEARTBEAT_S", 10.0)
-    with progress.setting("lines"), progress.task("map", 100):
+    with progress.task("map", 100, mode="lines"):
         progress.advance(100)
     assert capsys.readouterr().err == ""
+
+
+def test_a_runs_progress_setting_reaches_the_loops_inside_a_method(monkeypatch, capsys, linear_data):
+    """progress_bar travels with the run's context to every loop, the MAP inside laplace's tuning
+    included: the process's default ("lines", as the command line sets it) applies only without one."""
+    from ppl.core import progress
+
+    monkeypatch.setattr(progress, "HEARTBEAT_S", 0.001)
+    monkeypatch.setitem(progress._STATE, "enabled", "lines")
+    model = ppl.models.BNN(hidden=(3,))
+    ppl.fit(model, linear_data.train, method="laplace", seed=0, steps=200, progress_bar=False)
+    assert capsys.readouterr().err == ""
+    ppl.fit(model, linear_data.train, method="laplace", seed=0, steps=200)
+    assert "  map: " in capsys.readouterr().err  # the MAP inside laplace reports as "map"
 
 
 # -- prediction on new data ------------------------------------------------------------------------

@@ -6,8 +6,10 @@ the results gathered so far. It is saved inside a run folder (``ppl.io.store``) 
 unpickling anything: the tree structure is rebuilt by the method itself from its own options, and
 each stored leaf must match the rebuilt structure's shape and dtype.
 
-A :class:`Session` is what ``ppl.fit`` gives a method besides the key and the Problem: how often to
-checkpoint, where the checkpoint goes, and the state to resume from.
+A :class:`Session` is what ``ppl.fit`` gives a method besides the key and the Problem: the run's
+context, passed down as a value (never read from module state) to every loop the method runs — how
+often to checkpoint, where the checkpoint goes, the state to resume from, the devices the programs
+run on, how progress is shown, and whether a stop was requested.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Callable, NamedTuple
 import jax
 import numpy as np
 
+from ppl.core import interrupt
 from ppl.core.errors import ResumeError, RunError
 from ppl.io.store import save_run
 
@@ -67,11 +70,14 @@ def restore_tree(template, leaves: list, what: str):
 
 @dataclass
 class Session:
-    """Checkpointing and resumption settings for one ``ppl.fit`` call.
+    """The context of one ``ppl.fit`` call, which every method's loops receive as a value.
 
     ``checkpoint_every``: steps between checkpoints (None: never). ``write(posterior, state)`` persists
     a partial result (``posterior`` may be None when nothing is sampled yet). ``resume``: the state
-    to continue from, or None.
+    to continue from, or None. ``devices``: the devices the run's programs run on (None: all of
+    ``jax.devices()``). ``progress``: how progress is shown (as ``ppl.fit``'s ``progress_bar``: True,
+    False, ``"lines"``, ``"auto-lines"``; None: the process's setting). ``stop``: asked between
+    chunks whether to stop (``ppl.fit``: whether Ctrl-C or SIGTERM arrived).
     """
 
     checkpoint_every: int | None = None
@@ -81,7 +87,15 @@ class Session:
     # posterior -> the failed convergence checks that more draws could cure (None: a sampler never
     # extends its run); ppl.fit sets it, so that the methods need not know the diagnostics
     shortfall: Callable | None = None
+    devices: tuple | None = None
+    progress: bool | str | None = None
+    stop: Callable[[], bool] = interrupt.requested
     _last: int = field(default=0, repr=False)
+
+    def inner(self) -> "Session":
+        """The context of a run inside the method (a Laplace fit's MAP, a mixture's members): the
+        same devices, progress display and stop request, without checkpoints or a state to resume."""
+        return Session(devices=self.devices, progress=self.progress, stop=self.stop)
 
     def resumed_phase(self) -> str | None:
         """The phase the state to resume from was written in (None: no state, or a one-phase method)."""
@@ -98,7 +112,8 @@ class Session:
         if write is not None and not partial_results:
             def write(posterior, state, _write=self.write):
                 _write(None, state)
-        return Session(self.checkpoint_every, write, resume, {**self.tag, "phase": name, **note}, self.shortfall)
+        return Session(self.checkpoint_every, write, resume, {**self.tag, "phase": name, **note}, self.shortfall,
+                       self.devices, self.progress, self.stop)
 
     def stamp(self, state: ResumeState) -> ResumeState:
         """``state`` with this session's tag in its progress."""

@@ -2,8 +2,9 @@
 
 ``ppl.fit(..., devices=N)`` (the CLI's ``--devices N``) runs the method on the first N of
 ``jax.devices()``; without it a fit uses all of them, which on a plain CPU machine is one. The
-choice is held in a context variable for the length of the fit, so a method asks
-:func:`current` instead of taking a new option, and every registered method is served the same way.
+choice travels with the run's context (``Session.devices``) to every loop the method runs, so no
+method takes an option of its own for it, and every registered method is served the same way.
+Functions here given ``devices=None`` use all of ``jax.devices()``.
 
 Everything here is JAX's own machinery; nothing in ppl moves arrays between devices by hand.
 
@@ -42,33 +43,34 @@ from jax.sharding import PartitionSpec as P
 
 from ppl.core.errors import OptionError
 
-__all__ = ["resolve", "use", "current", "spread", "run_mesh", "constrained", "shard_rows", "shard_particles", "spread_devices",
+__all__ = ["resolve", "available", "spread", "run_mesh", "constrained", "shard_rows", "shard_particles", "spread_devices",
            "local", "local_devices", "replicate"]
 
-_DEVICES: contextvars.ContextVar = contextvars.ContextVar("ppl_devices", default=None)
+# The mesh of the program being traced (set by `constrained` around tracing, read by the sharding
+# constraints inside the compiled step): trace-time state, never a run's setting.
 _MESH: contextvars.ContextVar = contextvars.ContextVar("ppl_trace_mesh", default=None)
 
 
 def resolve(devices) -> tuple:
     """The devices a fit runs on: ``None`` → all of ``jax.devices()``; an int N → the first N;
     a sequence of ``jax.Device`` → those."""
-    available = jax.devices()
+    listed = jax.devices()
     if devices is None:
-        return tuple(available)
+        return tuple(listed)
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         count = int(devices)
         if count < 1:
-            raise OptionError(f"devices={count}: give a positive number of devices (or None for all {len(available)})")
-        if count > len(available):
-            platform = available[0].platform
+            raise OptionError(f"devices={count}: give a positive number of devices (or None for all {len(listed)})")
+        if count > len(listed):
+            platform = listed[0].platform
             how = (
                 "on a CPU, ask JAX for more host devices before it starts: jax.config.update('jax_num_cpu_devices', "
                 f"{count}) first thing, or XLA_FLAGS=--xla_force_host_platform_device_count={count} (the CLI's "
                 "--devices does this itself)"
                 if platform == "cpu" else "use at most that many, or run on a machine with more"
             )
-            raise OptionError(f"devices={count}, but JAX sees {len(available)} {platform} device(s); {how}")
-        return tuple(available[:count])
+            raise OptionError(f"devices={count}, but JAX sees {len(listed)} {platform} device(s); {how}")
+        return tuple(listed[:count])
     try:
         chosen = tuple(devices)
     except TypeError:
@@ -80,19 +82,9 @@ def resolve(devices) -> tuple:
     return chosen
 
 
-@contextlib.contextmanager
-def use(devices: tuple):
-    """Run the body (one fit) on ``devices``."""
-    token = _DEVICES.set(tuple(devices))
-    try:
-        yield
-    finally:
-        _DEVICES.reset(token)
-
-
-def current() -> tuple:
-    """The devices of the fit in progress (all of ``jax.devices()`` outside one)."""
-    return _DEVICES.get() or tuple(jax.devices())
+def available(devices: tuple | None = None) -> tuple:
+    """The devices a run uses: those given, or all of ``jax.devices()``."""
+    return tuple(jax.devices()) if devices is None else tuple(devices)
 
 
 def _shard_map(fun, **options):
@@ -108,7 +100,7 @@ def _shard_map(fun, **options):
 def spread_devices(count: int, devices: tuple | None = None) -> tuple:
     """The devices ``count`` independent runs are spread over: as few as give each device the
     fewest runs (5 runs on 4 devices: 3 devices of 2, not 4 with 3 padded)."""
-    devices = current() if devices is None else devices
+    devices = available(devices)
     if jax.process_count() > 1:
         # Every process takes part in every program, so each needs devices in it: all of them,
         # the runs padded (the padding's results are dropped).
@@ -177,7 +169,7 @@ def run_mesh(devices: tuple | None, particles: int = 1) -> Mesh | None:
 
     The particle axis takes the largest share of the devices that divides the number of
     particles (the draws then split evenly); the data axis takes the rest."""
-    devices = current() if devices is None else devices
+    devices = available(devices)
     if len(devices) <= 1:
         return None
     along_particles = math.gcd(max(int(particles), 1), len(devices))

@@ -96,11 +96,12 @@ class SamplerLoop(Loop):
 
 def drive(loop: Loop, session):
     """Run ``loop`` to its end: chunks until a round is over, then the loop's own judgement of
-    whether to go on; between chunks, Ctrl-C and checkpoints. Returns ``loop.finish()``."""
+    whether to go on; between chunks, the session's stop request and checkpoints. The progress bars
+    follow ``session.progress``. Returns ``loop.finish()``."""
     session.start_count(loop.count())
-    with progress.task(*loop.bars()), interrupt.guard():
+    with progress.task(*loop.bars(), mode=session.progress), interrupt.guard():
         loop.begin()
-        while not interrupt.requested():
+        while not session.stop():
             if loop.round_over():
                 if loop.next_round():
                     continue

@@ -47,6 +47,10 @@ class Method:
     model_options: ClassVar[tuple] = ()
     # What the loss in the result's trace is, for the figures that plot it.
     loss_label: ClassVar[str] = "loss"
+    # Whether a run can be checkpointed and resumed (``ppl.fit``'s ``checkpoint_every`` and
+    # ``resume``): its loops write their state through the session. A method computed in one step, or
+    # whose inner runs are not worth resuming, says False and fit refuses those options for it.
+    resumable: ClassVar[bool] = False
 
     def __post_init__(self):
         check_option_types(self)
@@ -97,7 +101,11 @@ class Method:
         A sampler that extends its run (``time_budget``) may end with more; see ``_extend``."""
         return 1
 
-    def run(self, key, problem):  # pragma: no cover - abstract
+    def run(self, key, problem, session=None):  # pragma: no cover - abstract
+        """The Posterior of ``problem``. ``session`` (a ``ppl.core.checkpoint.Session``; None: a default
+        one) is the run's context: checkpoints and the state to resume from, the devices, the
+        progress display and the stop request; every loop the method runs receives it (or, for a run
+        inside the method, ``session.inner()``)."""
         raise NotImplementedError
 
     def check(self, problem) -> None:

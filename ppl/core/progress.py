@@ -4,6 +4,10 @@ Backends call :func:`task` around a unit of work and :func:`advance` with the nu
 since the last call. Inside a jitted loop, :func:`tick_every` sends one host callback per chunk;
 the callback is a module-level function that reads the currently active bar, so a cached
 executable from an earlier fit reports to the current bar.
+
+Whether progress shows is the run's own setting, carried by its context (``Session.progress``,
+from ``ppl.fit``'s ``progress_bar``) and handed to :func:`task` by the run loop; :func:`enable` sets
+the process's default, which a run without a setting of its own follows (the command line sets it).
 """
 
 from __future__ import annotations
@@ -29,27 +33,13 @@ def enable(flag: bool | str | None = True) -> None:
     _STATE["enabled"] = flag
 
 
-@contextlib.contextmanager
-def setting(flag: bool | str | None):
-    """Within the block, progress bars follow ``flag`` (None: leave the current setting)."""
-    if flag is None:
-        yield
-        return
-    before = _STATE["enabled"]
-    _STATE["enabled"] = flag
-    try:
-        yield
-    finally:
-        _STATE["enabled"] = before
-
-
 def enabled() -> bool:
     return _mode() is not None
 
 
-def _mode() -> str | None:
-    """"bars", "lines" or None (silent) under the current setting."""
-    flag = _STATE["enabled"]
+def _mode(flag: bool | str | None = None) -> str | None:
+    """"bars", "lines" or None (silent) under ``flag``, or under the process's setting when None."""
+    flag = _STATE["enabled"] if flag is None else flag
     if flag == "lines":
         return "lines"
     if flag == "auto-lines":
@@ -59,13 +49,14 @@ def _mode() -> str | None:
 
 
 @contextlib.contextmanager
-def task(description: str, total: int, *more: tuple[str, int]):
+def task(description: str, total: int, *more: tuple[str, int], mode: bool | str | None = None):
     """Show progress while the block runs (a no-op when disabled): one bar for ``total`` steps, and
     one per extra ``(description, total)`` phase, e.g. warmup then sampling. Until the first chunk
     reports, the work is compiling (or running its first chunk), and the bar says so beside the time
-    elapsed; as plain lines, every ``HEARTBEAT_S`` seconds."""
+    elapsed; as plain lines, every ``HEARTBEAT_S`` seconds. ``mode``: the run's own setting (as
+    :func:`enable` takes it); None follows the process's setting."""
     phases = ((description, total), *more)
-    mode = _mode()
+    mode = _mode(mode)
     if mode is None or all(t <= 0 for _, t in phases):
         yield
         return
