@@ -152,7 +152,7 @@ def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_mod
     from ppl.core.registry import get
 
     full = _fit(method, linear_model, linear_data.train, 0)
-    if "session" not in inspect.signature(get(method).run).parameters:
+    if not get(method).resumable:
         with pytest.raises(ppl.OptionError, match="nothing to checkpoint or resume"):
             ppl.fit(linear_model, linear_data.train, method=method, seed=0, resume=tmp_path / "none")
         return
