@@ -146,8 +146,6 @@ def test_tuning_numbers_do_not_recompile(linear_model, linear_data):
 def test_interrupt_and_resume_reproduce_the_uninterrupted_run(method, linear_model, linear_data, monkeypatch, tmp_path):
     """Every looping method stops on Ctrl-C at a chunk boundary with its state kept, and resuming
     from the saved state gives the uninterrupted run bit for bit. One-step methods refuse resume."""
-    import inspect
-
     from ppl.core import interrupt, progress
     from ppl.core.registry import get
 
