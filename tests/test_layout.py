@@ -61,18 +61,17 @@ FORBIDDEN = {
     "models": {"core", "diagnostics", "io", "inference", "api", "cli"},
     "diagnostics": {"io", "inference", "api", "cli"},
     "io": {"inference", "api", "cli"},
-    "inference": {"diagnostics", "api", "cli"},
+    "inference": {"diagnostics", "io", "api", "cli"},
     "api": {"cli"},
     "cli": set(),
 }
 # what a layer may use of one it otherwise must not: models raise the core's errors; the Posterior's
 # diagnostics(), summary() and to_arviz() apply diagnostics/ to it; the core writes run folders
-# (checkpoints, Posterior.save) through the store; inference/ resumes through the same store
+# (checkpoints, Posterior.save) through the store
 EXCEPT = {
     ("models", "ppl.core.errors"),
     ("ppl.core.posterior", "ppl.diagnostics"),
     ("core", "ppl.io.store"),
-    ("inference", "ppl.io.store"),
 }
 BELOW_POSTERIOR = ("ppl.diagnostics", "ppl.io.store")  # may not import the Posterior (it imports them)
 
