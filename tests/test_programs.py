@@ -92,6 +92,41 @@ def test_flat_priors_are_discovered_without_sampling_and_start_uniform(name):
     assert np.all(np.isfinite(np.asarray(problem.logdensity_fn(problem.init_position(jax.random.PRNGKey(0), "uniform")))))
 
 
+def test_each_data_kind_reads_its_own_data():
+    # one strategy per kind of model: the model's call, a minibatch's N/B scale, rows, the saved names
+    from ppl.core.problem import DATA_KINDS
+    from ppl.models import VAE, LinearRegression
+
+    rng = np.random.default_rng(0)
+    X, y = rng.normal(size=(40, 3)), rng.normal(size=40)
+
+    def coin(flips):
+        p = numpyro.sample("p", dist.Beta(1.0, 1.0))
+        numpyro.sample("obs", dist.Bernoulli(p), obs=flips)
+
+    problems = {
+        "supervised": ppl.compile_problem(LinearRegression(), (X, y)),
+        "unsupervised": ppl.compile_problem(VAE(latent_dim=2, hidden=(4,), likelihood="gaussian"), X),
+        "program": ppl.compile_problem(coin, {"flips": np.ones(7)}),
+    }
+    assert set(DATA_KINDS) == set(problems)
+    for name, problem in problems.items():
+        kind = problem.data_kind
+        assert kind is DATA_KINDS[name] and kind.name == problem.spec.kind == name
+        saved = kind.named(problem.data)
+        if name == "program":
+            assert set(saved) == {"flips"} and problem.weights(problem.data)[1] == 1.0
+            with pytest.raises(TypeError, match="needs a declarative model"):
+                problem.batch(np.arange(3))
+            continue
+        rows = problem.batch(np.arange(10))
+        assert np.shape(kind.inputs(rows))[0] == 10 and kind.batch_rows(rows) == 10
+        assert float(problem.weights(rows)[1]) == 4.0  # 40 rows seen through 10
+        assert set(saved) == ({"X", "y"} if name == "supervised" else {"X"})
+        args, kwargs = kind.call(rows, problem.spec.static_kwargs)
+        assert len(args) == (2 if name == "supervised" else 1) and not kwargs
+
+
 def test_a_program_that_fails_on_its_data_is_still_reported():
     def broken(y):
         x = numpyro.sample("x", dist.ImproperUniform(constraints.real_vector, (), (3,)))

@@ -74,13 +74,94 @@ class DeterministicSite(NamedTuple):
         return int(math.prod(self.shape))
 
 
+class DataKind:
+    """How a Problem holds and reads its data, one object per kind of model (``DATA_KINDS``, named
+    by ``ProblemSpec.kind``): the model's call arguments for a batch, the rows of a minibatch (for the
+    N/B scale), a subset of rows, the inputs, and the data as named arrays (what a saved run holds
+    under ``data/`` and what its fingerprint digests)."""
+
+    name: str = ""
+    declarative = True  # a model from ppl.models: a network with inputs, outputs and a likelihood
+
+    def call(self, batch, static_kwargs: tuple) -> tuple:
+        """(args, kwargs) of the model for ``batch``."""
+        raise NotImplementedError
+
+    def batch_rows(self, batch) -> int | None:
+        """Rows in a minibatch ``batch`` (the likelihood is scaled by N over it); None: whole data."""
+        return None
+
+    def take(self, data, indices):
+        """Rows ``indices`` of the data."""
+        raise TypeError(f"a {self.name} problem's data has no rows to take")
+
+    def inputs(self, data):
+        return data
+
+    def named(self, data) -> dict:
+        """The data as {name: array}."""
+        raise NotImplementedError
+
+
+class _Supervised(DataKind):
+    name = "supervised"  # a declarative model of y given X, data (X, y)
+
+    def call(self, batch, static_kwargs):
+        X, y = batch
+        return (X, y), {}
+
+    def batch_rows(self, batch):
+        return batch[0].shape[0]
+
+    def take(self, data, indices):
+        X, y = data
+        return X[indices], y[indices]
+
+    def inputs(self, data):
+        return data[0]
+
+    def named(self, data):
+        return {"X": data[0], "y": data[1]}
+
+
+class _Unsupervised(DataKind):
+    name = "unsupervised"  # a declarative model of X alone (a VAE), data X
+
+    def call(self, batch, static_kwargs):
+        return (batch,), {}
+
+    def batch_rows(self, batch):
+        return batch.shape[0]
+
+    def take(self, data, indices):
+        return data[indices]
+
+    def named(self, data):
+        return {"X": data}
+
+
+class _Program(DataKind):
+    name = "program"  # a plain NumPyro function, data a dict of its keyword arguments
+    declarative = False
+
+    def call(self, batch, static_kwargs):
+        return (), {**batch, **dict(static_kwargs)}
+
+    def named(self, data):
+        return dict(data)
+
+
+DATA_KINDS = {kind.name: kind for kind in (_Supervised(), _Unsupervised(), _Program())}
+
+
 @dataclass(frozen=True)
 class ProblemSpec:
     """The static (hashable) half of a problem: what is compiled, not what is computed on."""
 
     model: Any
-    # "supervised" (declarative model, data (X, y)), "unsupervised" (declarative model of X alone,
-    # e.g. a VAE) or "program" (plain NumPyro function with a dict of keyword arguments)
+    # the data's kind, a key of DATA_KINDS: "supervised" (declarative model, data (X, y)),
+    # "unsupervised" (declarative model of X alone, e.g. a VAE) or "program" (plain NumPyro function
+    # with a dict of keyword arguments); ``Problem.data_kind`` is its strategy object
     kind: str
     tempering: str
     sites: tuple
@@ -154,7 +235,13 @@ class Problem:
         return self.spec.sites
 
     @property
+    def data_kind(self) -> DataKind:
+        """How this problem's data is held and read (call arguments, minibatches, rows, saving)."""
+        return DATA_KINDS[self.spec.kind]
+
+    @property
     def is_declarative(self) -> bool:
+        """A supervised model from ppl.models: a network that predicts y from X."""
         return self.spec.kind == "supervised"
 
     @property
@@ -177,7 +264,7 @@ class Problem:
     @property
     def data_X(self) -> jax.Array:
         """The input/data array of a declarative model (supervised X, or an unsupervised model's X)."""
-        return self.data[0] if self.is_declarative else self.data
+        return self.data_kind.inputs(self.data)
 
     @property
     def init_params(self) -> jax.Array:
@@ -248,12 +335,7 @@ class Problem:
 
     # -- the model run -----------------------------------------------------------------------------
     def _call(self, batch):
-        if self.is_declarative:
-            X, y = batch
-            return (X, y), {}
-        if self.spec.kind == "unsupervised":
-            return (batch,), {}
-        return (), {**batch, **dict(self.spec.static_kwargs)}
+        return self.data_kind.call(batch, self.spec.static_kwargs)
 
     def _trace(self, u: jax.Array, batch, local: dict | None = None):
         params = self.unravel(u)
@@ -377,11 +459,8 @@ class Problem:
     def weights(self, batch=None) -> tuple:
         """(prior weight, likelihood weight): tempering and the N/B minibatch scale, the only place
         they are applied. Local prior terms take the likelihood's weight (they are per datum)."""
-        scale = 1.0
-        if self.is_declarative and batch is not None:
-            scale = self.num_data / batch[0].shape[0]
-        elif self.spec.kind == "unsupervised" and batch is not None:
-            scale = self.num_data / batch.shape[0]
+        rows = None if batch is None else self.data_kind.batch_rows(batch)
+        scale = 1.0 if rows is None else self.num_data / rows
         inv_t = 1.0 / self.temperature
         prior_weight = inv_t if self.tempering == "cold" else jnp.ones_like(inv_t)
         return prior_weight, inv_t * scale
@@ -436,11 +515,9 @@ class Problem:
 
     def batch(self, indices: jax.Array):
         """Rows ``indices`` of the data (declarative models only)."""
-        if self.spec.kind == "unsupervised":
-            return self.data[indices]
-        self._require_declarative("batch")
-        X, y = self.data
-        return X[indices], y[indices]
+        if not self.data_kind.declarative:
+            self._require_declarative("batch")
+        return self.data_kind.take(self.data, indices)
 
     def _unconstrain_trace(self, tr) -> jax.Array:
         # Each site is inverted with its own support in this trace: a support that depends on

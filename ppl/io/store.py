@@ -494,12 +494,7 @@ def unjson(value):
 def fingerprint(problem, method_obj, seed_record) -> dict:
     """What a resumed run must share with the run that wrote its checkpoint."""
     digest = hashlib.sha256()
-    if isinstance(problem.data, dict):
-        data = problem.data
-    elif problem.spec.kind == "unsupervised":
-        data = {"X": problem.data}
-    else:
-        data = {"X": problem.data[0], "y": problem.data[1]}
+    data = problem.data_kind.named(problem.data)
     for name in sorted(data):
         array = np.ascontiguousarray(np.asarray(data[name]))
         digest.update(f"{name}:{array.dtype.str}:{array.shape}".encode())
@@ -548,16 +543,12 @@ def _collect(posterior, resume_state, fingerprint, status, with_diagnostics=True
         else:
             scalars[key] = jsonable(value)
     arrays["flat_draws"] = np.asarray(posterior.flat_draws)
-    if problem.is_declarative:
-        arrays["data/X"], arrays["data/y"] = (np.asarray(a) for a in problem.data)
-        if getattr(posterior, "heldout", None) is not None:
-            # the rows the verdict's held-out check predicts: a load recomputes the check from them
-            arrays["heldout/X"], arrays["heldout/y"] = (np.asarray(a) for a in posterior.heldout)
-    elif problem.spec.kind == "unsupervised":
-        arrays["data/X"] = np.asarray(problem.data)
-    else:
-        for key, value in problem.data.items():
-            arrays[f"data/{key}"] = np.asarray(value)
+    for key, value in problem.data_kind.named(problem.data).items():
+        arrays[f"data/{key}"] = np.asarray(value)
+    if getattr(posterior, "heldout", None) is not None:
+        # the rows the verdict's held-out check predicts: a load recomputes the check from them
+        arrays["heldout/X"], arrays["heldout/y"] = (np.asarray(a) for a in posterior.heldout)
+    if not problem.data_kind.declarative:
         # A plain program's draws are saved constrained too: a detached load cannot constrain them.
         for name, value in posterior.draws.items():
             arrays[f"draws/{name}"] = np.asarray(value)
