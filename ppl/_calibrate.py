@@ -19,12 +19,11 @@ from scipy.special import log_softmax, logsumexp
 from ppl.core.data import validate_inputs, validate_supervised
 from ppl.core.errors import DataError, OptionError, RunError
 from ppl.core.keys import as_key
-from ppl.core.predict import classification_prediction, entropy_of
+from ppl.core.predict import classification_prediction, entropy_of, task_of
 from ppl.core.results import Prediction
 from ppl.diagnostics import classification_metrics
 from ppl.io.load import load_with
 from ppl.io.store import save_posterior
-from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = [
     "calibrate", "Calibration", "conformal", "Conformal", "scale_temperature", "conformal_rank", "load_calibration",
@@ -127,7 +126,7 @@ def supervised_task(posterior, what: str) -> str:
             f"{what} needs a supervised declarative model from ppl.models (BNN, LogisticRegression, "
             "LinearRegression): it predicts from (X, y)"
         )
-    return "regression" if problem.likelihood in REGRESSION_LIKELIHOODS else "classification"
+    return task_of(problem)
 
 
 def _labelled(posterior, data, where: str) -> tuple[np.ndarray, np.ndarray]:

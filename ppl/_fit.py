@@ -20,7 +20,7 @@ from ppl.core.method import check_stored_draws
 from ppl.core.posterior import Posterior
 from ppl.core.problem import compile_problem
 from ppl.diagnostics.report import convergence_shortfall
-from ppl.io import store, load
+from ppl.io import load, store
 from ppl.models import SupervisedModel
 
 __all__ = ["fit", "fingerprint_of"]

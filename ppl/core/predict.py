@@ -24,7 +24,7 @@ from ppl.core.results import Prediction
 from ppl.models._base import REGRESSION_LIKELIHOODS
 
 __all__ = [
-    "PREDICT_MODES", "DRAW_CHUNK", "PREDICT_CHUNK_BYTES", "BLOCK_BYTES", "check_options", "check_request", "predictive",
+    "PREDICT_MODES", "DRAW_CHUNK", "PREDICT_CHUNK_BYTES", "BLOCK_BYTES", "task_of", "check_options", "check_request", "predictive",
     "outputs_many", "row_blocks", "linearized_outputs", "class_log_probs", "entropy_of", "classification_prediction",
     "regression_prediction",
 ]
@@ -198,6 +198,11 @@ def _summaries_by_rows(problem, flat, X, task: str, noise_axis) -> Prediction:
     return Prediction(task=task, member_noise=kept, **{name: np.concatenate(v) for name, v in parts.items()})
 
 
+def task_of(problem) -> str:
+    """``"regression"`` or ``"classification"``: what the problem's likelihood predicts."""
+    return "regression" if problem.likelihood in REGRESSION_LIKELIHOODS else "classification"
+
+
 def check_options(mode: str, keep_draws) -> None:
     """``mode`` and ``keep_draws`` of a ``predict`` call, checked before anything is computed."""
     if mode not in PREDICT_MODES:
@@ -224,7 +229,7 @@ def check_request(problem, approximation, method: str, X, mode: str, keep_draws:
             f"{method!r} has none (its approximation: "
             f"{getattr(approximation, 'kind', 'draws only')}) — use mode='mc'"
         )
-    task = "regression" if problem.likelihood in REGRESSION_LIKELIHOODS else "classification"
+    task = task_of(problem)
     if mode in ("probit", "bridge") and task != "classification":
         raise OptionError(f"mode={mode!r} applies to classification; use 'linearized' for regression")
     if mode == "bridge" and problem.likelihood != "categorical":
@@ -243,7 +248,7 @@ def predictive(problem, approximation, flat, X, key, *, mode: str, keep_draws: b
     """The predictive at inputs ``X`` from ``flat`` draws (S, P) (or, for the linearised modes,
     ``approximation``'s Gaussian over outputs, with ``flat`` giving the noise per draw); see
     ``Posterior.predict`` for the modes."""
-    task = "regression" if problem.likelihood in REGRESSION_LIKELIHOODS else "classification"
+    task = task_of(problem)
     outputs = problem.model.output_dim()
     draws = flat.shape[0]
     if mode == "mc":
