@@ -19,7 +19,7 @@ import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 import optax
-from scipy import stats
+from scipy.special import stdtrit
 
 from ppl.core import devices as _devices
 from ppl.core import interrupt, progress
@@ -377,7 +377,7 @@ def stationarity(objective, problem, params, key, loss_scale: float = 1.0) -> tu
     with np.errstate(divide="ignore", invalid="ignore"):
         t = np.abs(mean[live]) / (sd[live] / math.sqrt(draws.shape[0]))
     t = np.where(np.isnan(t), np.inf, t)
-    threshold = float(stats.t.ppf(1.0 - STATIONARITY_ALPHA / (2 * int(live.sum())), draws.shape[0] - 1))
+    threshold = float(stdtrit(draws.shape[0] - 1, 1.0 - STATIONARITY_ALPHA / (2 * int(live.sum()))))
     return float(np.max(t)), threshold
 
 

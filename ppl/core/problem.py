@@ -556,16 +556,54 @@ class Problem:
             return self.init_params
         if strategy == "uniform":
             return jax.random.uniform(key, (self.num_params,), minval=-2.0, maxval=2.0)
-        args, kwargs = self._call(self.data)
         if strategy == "prior":
-            return self._unconstrain_trace(trace_model(self.model, key, args, kwargs))
+            return _prior_draws(self, key[None])[0]
         if strategy == "median":
             # Coordinate-wise median of 15 prior draws in unconstrained space (flat priors: uniform
             # draws on (-2, 2)): a central start that does not depend on one draw of a wide prior.
-            keys = jax.random.split(key, MEDIAN_DRAWS)
-            draws = [self._unconstrain_trace(trace_model(self.model, k, args, kwargs)) for k in keys]
-            return jnp.median(jnp.stack(draws), axis=0)
+            return jnp.median(_prior_draws(self, jax.random.split(key, MEDIAN_DRAWS)), axis=0)
         raise OptionError(f"init={strategy!r} is not one of 'prior', 'median', 'uniform', 'zeros', 'pretrained'")
+
+
+# What JAX raises when a program needs the concrete value of an array that is being traced (Python
+# control flow on its data, or NumPy called on it): such a program is run op by op instead.
+NEEDS_VALUES = (
+    jax.errors.ConcretizationTypeError, jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError, jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+def _prior_draws(problem, keys) -> jax.Array:
+    """Flat unconstrained prior draws of the model, one per key (rows of ``keys``): one compiled
+    program, the model mapped over the keys. Run op by op, the draws of a one-layer BNN built a
+    dozen small programs. A program that cannot be compiled or mapped (it needs its data's values,
+    or calls something without a batching rule) is run op by op, key by key, which raises the
+    program's own error if it has one."""
+    try:
+        return _prior_draws_compiled(problem, keys)
+    except Exception:
+        args, kwargs = problem._call(problem.data)
+        return jnp.stack([problem._unconstrain_trace(trace_model(problem.model, k, args, kwargs)) for k in keys])
+
+
+@jax.jit
+def _prior_draws_compiled(problem, keys):
+    args, kwargs = problem._call(problem.data)
+    return jax.vmap(lambda k: problem._unconstrain_trace(trace_model(problem.model, k, args, kwargs)))(keys)
+
+
+def _traced(work, eager):
+    """``work()`` run under JAX's abstract evaluation, where array operations are traced and never
+    compiled nor run: reading a model's structure (site names, shapes, supports) needs no values, and
+    running the model op by op compiles one small program per distinct operation (55 for a one-layer
+    BNN, half a second even when they come from the persistent cache). A program that needs its
+    data's values runs ``eager()`` instead. ``work`` must return plain Python values."""
+    result = []
+    try:
+        jax.eval_shape(lambda: result.append(work()))
+    except NEEDS_VALUES:
+        return eager()
+    return result[0]
 
 
 def _cannot_sample(fn) -> bool:
@@ -769,12 +807,18 @@ def _function_site_names(value) -> tuple:
 
 
 def _discover_sites(problem: Problem) -> tuple:
+    return _traced(lambda: _read_sites(problem, abstract=True), lambda: _read_sites(problem, abstract=False))
+
+
+def _read_sites(problem: Problem, abstract: bool) -> tuple:
     args, kwargs = problem._call(problem.data)
     try:
         tr = structure_trace(problem.model, args, kwargs)
     except MemoryBudgetError:
         raise  # a site too large to hold, refused with its size: not a failure of the program on its data
     except Exception as error:  # a user's program failing on its own data: say where
+        if abstract and isinstance(error, NEEDS_VALUES):
+            raise  # the program needs its data's values: _traced runs it again, op by op
         raise DataError(
             f"running the model on the data failed ({type(error).__name__}: {error}); check that the data "
             "match the model's arguments and that the model runs on them (ppl ran it once with every latent site "
