@@ -8,7 +8,7 @@ weights, learned noise sigma) with every option at its default and seed 0, on in
 standardised with the training split's statistics, and score the test split in the target's own
 units: test log-likelihood per point (the standardised one minus log of the target's sd), RMSE,
 and the coverage of the central 90% predictive interval. Each fit is judged by its own verdict
-with the test split held out (``Posterior.hold_out``), so "ok" includes the held-out check. The
+with the test split held out (``Posterior.with_heldout``), so "ok" includes the held-out check. The
 table prints mean ± standard error over the splits, the share of ok runs and the seconds per
 fit, beside the published anchors: deep ensembles (Lakshminarayanan et al. 2017, Table 1) and MC
 dropout with 10× epochs (Gal & Ghahramani 2016), on the same splits.
@@ -70,7 +70,7 @@ def fit_one(name: str, split: int, method: str, root: Path) -> dict:
             posterior = ppl.fit(model, data.train, method=method, seed=0)
             wall = time.perf_counter() - started
             metrics = data.in_target_units(ppl.evaluate(posterior, data.test, seed=1))
-            diagnostics = posterior.hold_out(*data.test).diagnostics()
+            diagnostics = posterior.with_heldout(*data.test).diagnostics()
     except Exception as error:  # a failed fit is a row that says why; the benchmark goes on
         return {**row, "error": f"{type(error).__name__}: {error}"[:300], "wall_s": time.perf_counter() - started}
     return {

@@ -561,7 +561,7 @@ def _heldout_checks(posterior, found: Findings, nonfinite: int) -> None:
     heldout = getattr(posterior, "heldout", None)
     if heldout is None:
         found.note(_HELDOUT_FIELDS, (
-            "no held-out rows: give ppl.fit(..., validation=0.1), or post.hold_out(X_test, y_test), to check the "
+            "no held-out rows: give ppl.fit(..., validation=0.1), or post.with_heldout(X_test, y_test), to check the "
             "predictive on data the fit never saw"
         ))
         return

@@ -121,9 +121,7 @@ def train_members(key, problem, config: OptimizerConfig, *, num_members: int, le
             status.converged and not status.interrupted for status, _ in judge_members(params, losses, stopped)
         ],
     )
-    posterior = build(result.params, result.losses, result.stopped)
-    posterior.resume_state = result.resume_state
-    return posterior
+    return build(result.params, result.losses, result.stopped).replace(resume_state=result.resume_state)
 
 
 def members_record(judged: list, losses) -> dict:

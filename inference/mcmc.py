@@ -499,10 +499,9 @@ class _ChainsLoop(SamplerLoop):
                 "with .save(path) and resume with ppl.fit(..., resume=path)",
                 state,
             )
-        posterior.info.update(self.extension.info())
-        if not self.round_over():
-            posterior.resume_state = state
-        return posterior
+        return posterior.replace(
+            info={**posterior.info, **self.extension.info()}, resume_state=None if self.round_over() else state
+        )
 
 
 def _concat(parts: list):

@@ -592,7 +592,7 @@ class _MinimizeLoop(Loop):
         unbuilt = self.build is None or (step == 0 and not at_start)
         posterior = None if unbuilt else self._with_stopped(self.build, params, state.arrays["losses"])
         if posterior is not None and step < self.budget:
-            posterior.resume_state = state
+            posterior = posterior.replace(resume_state=state)
         return posterior, state
 
     def _nonfinite(self, new_params, losses, count) -> NonFiniteError:
@@ -869,9 +869,7 @@ def run_to_posterior(objective, config: OptimizerConfig, problem, start, key, *,
         objective, config, problem, start, key, learning_rate=learning_rate, label=label, session=session,
         build=build, judge=lambda params, losses: judged(params, losses)[0].converged,
     )
-    posterior = build(result.params, result.losses)
-    posterior.resume_state = result.resume_state
-    return posterior
+    return build(result.params, result.losses).replace(resume_state=result.resume_state)
 
 
 def mode_config(steps: int, batch_size: int | None = None, optimizer: str = "auto",

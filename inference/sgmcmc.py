@@ -549,7 +549,10 @@ class WhitenedChains(Method):
         draws = [stored.astype(problem.init_params.dtype)] if done else []
         return draws, done, target, _Tuning.restore(resume.arrays, tune, problem)
 
-    def _posterior(self, problem, tune, plan, run_key, flat, state, done, target, remeasure: bool) -> Posterior:
+    def _posterior(self, problem, tune, plan, run_key, flat, state, done, target, remeasure: bool,
+                   run_info: dict) -> Posterior:
+        """The chains' Posterior; ``run_info``: what the run loop adds to its info (the extension's
+        rounds, the control variates' anchors)."""
         noise = self._noise(problem, tune)
         steps = self._steps(problem, tune)
         info = {"curvature": float(np.max(tune.curvature)), "gradient_noise": float(np.max(noise)),
@@ -585,6 +588,7 @@ class WhitenedChains(Method):
         chain_stats, extra = self._record(chain_stats, state, done)
         info.update(extra)
         info.update(self._resolved(steps))
+        info.update(run_info)
         return Posterior(
             method=self.name, kind=self.kind, problem=problem, flat_draws=flat,
             status=RunStatus(interrupted=done < target, steps_done=done), chain_stats=chain_stats, info=info,
@@ -618,17 +622,16 @@ class _SGMCMC(WhitenedChains):
         return {"step_size": per_chain[0] if len(set(per_chain)) == 1 else per_chain}
 
     @classmethod
-    def remeasure(cls, posterior, key) -> None:
+    def remeasure(cls, posterior, key):
         # the configurational temperature is measured at the kept draws with the run's own key: a
         # loaded run measures it again, so that the verdict never reads a stored number
         stats = posterior.chain_stats
         if stats is None or stats.temperature is None:
-            return
+            return posterior
         temperature = configurational_temperature(posterior.problem, posterior.flat_draws,
                                                   _temperature_key(_streams(key)[2]))
-        posterior.chain_stats = stats._replace(temperature=temperature)
-        if "temperature" in posterior.info:
-            posterior.info["temperature"] = temperature
+        info = {**posterior.info, "temperature": temperature} if "temperature" in posterior.info else posterior.info
+        return posterior.replace(chain_stats=stats._replace(temperature=temperature), info=info)
 
     def check(self, problem) -> None:
         check_batch_size(self.batch_size, problem.num_data)
@@ -830,11 +833,9 @@ class _WhitenedLoop(SamplerLoop):
         flat = jnp.concatenate([jnp.asarray(d) for d in self.draws], axis=1)
         if flat.shape[1] > self.extension.discarded():  # an interrupted round keeps what it has
             flat = flat[:, self.extension.discarded():]
-        posterior = self.method._posterior(self.problem, self.tune, self.plan, self.run_key, flat, self.state,
-                                           self.done, self.target, remeasure=remeasure and self.done >= self.target)
-        posterior.info.update(self.extension.info())
-        posterior.info.update(self.anchor_info)
-        return posterior
+        return self.method._posterior(self.problem, self.tune, self.plan, self.run_key, flat, self.state,
+                                      self.done, self.target, remeasure=remeasure and self.done >= self.target,
+                                      run_info={**self.extension.info(), **self.anchor_info})
 
     def snapshot(self) -> tuple:
         return self._result(), self._state()
@@ -849,9 +850,7 @@ class _WhitenedLoop(SamplerLoop):
         if not self.draws:
             raise Interrupted(f"{self.method.name}: interrupted before the first draw (after warmup)", self._state())
         posterior = self._result()
-        if self.done < self.target:
-            posterior.resume_state = self._state()
-        return posterior
+        return posterior.replace(resume_state=self._state()) if self.done < self.target else posterior
 
 
 class _Anchors(NamedTuple):

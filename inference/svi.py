@@ -455,11 +455,10 @@ class SVI(Method):
                 method=self.name, kind=self.kind if family.has_density else "point", problem=problem,
                 flat_draws=flat[None], status=status, trace=trace,
                 info={"start": start_note, "guide": self.global_guide_name(problem)}, approximation=family,
+                local_guide=(guide, params["local"]) if problem.local_sites else None,
             )
-            if problem.local_sites:
-                posterior.local_guide = (guide, params["local"])
-                posterior.evidence = _local_bounds(posterior, check_key)
-            return posterior
+            # a model with local latents: its bounds are estimated from the fitted encoder and decoder
+            return posterior.replace(evidence=_local_bounds(posterior, check_key)) if problem.local_sites else posterior
 
         return run_to_posterior(objective, config, problem, start, run_key, learning_rate=self.learning_rate,
                                 label=f"svi ({self.guide}, {self.objective})", session=session, build=build,

@@ -309,13 +309,12 @@ class SWAG(Method):
         flat = draw(family, draw_key, self.num_draws)
         # The SGD phase explores around the mode at a constant (or cyclic) rate: it is not meant to
         # converge, so the status carries no convergence verdict.
-        posterior = Posterior(
+        return Posterior(
             method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None],
             status=RunStatus(interrupted=done < self.swag_steps, steps_done=done),
             trace=TrainingTrace(losses=np.asarray(result.losses)), info=info, approximation=family,
+            resume_state=result.resume_state,
         )
-        posterior.resume_state = result.resume_state
-        return posterior
 
 
 @dataclass(frozen=True)

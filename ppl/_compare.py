@@ -328,7 +328,7 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
             if test is not None and _supervised(posterior):
                 # the verdict also judges the predictive on the test rows (better than a trivial baseline,
                 # honest 90% intervals): an over-fitted posterior that its own draws cannot expose is caught here
-                posterior.hold_out(test.X, test.y)
+                posterior = posterior.with_heldout(test.X, test.y)
             _diagnostic_columns(row, posterior.diagnostics())
             if test is not None:
                 prediction = posterior.predict(test.X, seed=seed)

@@ -19,6 +19,7 @@ from ppl.core.keys import as_key, derived_key, seed_record
 from ppl.core.method import check_stored_draws
 from ppl.core.posterior import Posterior
 from ppl.core.problem import compile_problem
+from ppl.core.records import RunRecord
 from ppl.diagnostics.report import convergence_shortfall
 from ppl.io import load, store
 from ppl.models import SupervisedModel
@@ -76,7 +77,7 @@ def fit(
         validation: a share of the training rows (0 < f ≤ 0.5) to hold out, chosen at random from
             ``seed``: the method fits the rest, and the diagnostics check the predictive on the rows
             held out (better than a trivial baseline, honest 90% intervals; see
-            :meth:`Posterior.hold_out`). Declarative supervised models only.
+            :meth:`Posterior.with_heldout`). Declarative supervised models only.
         **options: the method's options (unknown ones raise an error listing the valid ones).
 
     Ctrl-C stops a running method at its next chunk of steps (within about a second) and returns a
@@ -132,18 +133,16 @@ def fit(
     if resume is not None:
         session.resume = _resume_state(resume, fingerprint)
 
-    def stamp(posterior, elapsed):
-        posterior.wall_time_s = elapsed
-        posterior.seed = print_seed
-        posterior.options = method_obj.as_dict()
-        if len(chosen) > 1:
-            posterior.info = {**(posterior.info or {}), "devices": len(chosen)}
-        posterior.fingerprint = fingerprint
-        posterior.provenance = store.provenance(problem, posterior.problem, method_obj)
+    def recorded(posterior, elapsed):
+        """The method's result with the run record (and the held-out rows) passed to it."""
+        provenance = store.provenance(problem, posterior.problem, method_obj)
         if heldout is not None:
-            posterior.provenance["validation"] = {"fraction": float(validation), "rows": int(len(heldout[0]))}
-            posterior.hold_out(*heldout)
-        return posterior
+            provenance["validation"] = {"fraction": float(validation), "rows": int(len(heldout[0]))}
+        posterior = posterior.replace(record=RunRecord(
+            seed=print_seed, options=method_obj.as_dict(), wall_time_s=elapsed, fingerprint=fingerprint,
+            provenance=provenance, devices=len(chosen),
+        ))
+        return posterior if heldout is None else posterior.with_heldout(*heldout)
 
     start = time.perf_counter()
     if checkpoint_every is not None:
@@ -151,7 +150,7 @@ def fit(
 
         def write(posterior, state):
             if posterior is not None:
-                stamp(posterior, time.perf_counter() - start)
+                posterior = recorded(posterior, time.perf_counter() - start)
             store.save_run(
                 checkpoint.path, posterior, resume_state=state, fingerprint=fingerprint, status="checkpoint",
                 extra_files=checkpoint.extra_files,
@@ -171,9 +170,9 @@ def fit(
         raise
     except NonFiniteError as error:
         if error.partial is not None:
-            stamp(error.partial, time.perf_counter() - start)
+            error.partial = recorded(error.partial, time.perf_counter() - start)
         raise
-    return stamp(posterior, time.perf_counter() - start)
+    return recorded(posterior, time.perf_counter() - start)
 
 
 def _convergence_shortfall(posterior) -> list:

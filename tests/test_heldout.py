@@ -62,7 +62,7 @@ def test_a_collapsed_noise_scale_is_never_trustworthy_on_held_out_rows(collapsed
     assert math.exp(float(collapsed.flat_draws[0, 0, -1])) < 0.01
     before = collapsed.diagnostics()
     assert before.ok and before.heldout_ll is None and "no held-out rows" in before.notes["heldout_ll"]
-    after = collapsed.hold_out(*test).diagnostics()
+    after = collapsed.with_heldout(*test).diagnostics()
     assert not after.ok
     assert {c.field for c in after.failed} == {"heldout_ll", "heldout_coverage_90"}
     assert after.heldout_ll < -1000 < after.heldout_baseline_ll and after.heldout_coverage_90 < 0.2
@@ -77,7 +77,7 @@ def test_the_default_tunes_the_prior_and_noise_by_the_evidence_and_generalises(t
     assert len(tuned.info["prior_precision"]) == 2 and tuned.info["marglik_rounds"] >= 1
     # the run is the posterior of the tuned model, and the verdict says so
     assert tuned.problem.model.noise_scale == pytest.approx(sigma)
-    record = tuned.hold_out(*test).diagnostics()
+    record = tuned.with_heldout(*test).diagnostics()
     assert record.heldout_ll > record.heldout_baseline_ll + 0.5
     assert abs(record.heldout_coverage_90 - 0.9) <= coverage_band(200)
     assert record.ok, record.warnings
@@ -86,7 +86,7 @@ def test_the_default_tunes_the_prior_and_noise_by_the_evidence_and_generalises(t
 
 def test_held_out_rows_are_saved_and_the_check_recomputed_on_load(collapsed, rows, tmp_path):
     _, test = rows
-    collapsed.hold_out(*test)
+    collapsed = collapsed.with_heldout(*test)
     collapsed.save(tmp_path / "run")
     loaded = ppl.load(tmp_path / "run")
     record = loaded.diagnostics()
@@ -121,9 +121,9 @@ def test_a_classifier_worse_than_the_class_frequencies_fails():
     X = rng.normal(size=(200, 2))
     y = (X[:, 0] > 0).astype(int)
     post = ppl.fit(BNN(hidden=(), likelihood="bernoulli"), (X[:100], y[:100]), method="map", seed=0)
-    good = post.hold_out(X[100:], y[100:]).diagnostics()
+    good = post.with_heldout(X[100:], y[100:]).diagnostics()
     assert good.ok and good.heldout_ll > good.heldout_baseline_ll and good.heldout_coverage_90 is None
-    bad = post.hold_out(X[100:], 1 - y[100:]).diagnostics()  # the same rows with every label flipped
+    bad = post.with_heldout(X[100:], 1 - y[100:]).diagnostics()  # the same rows with every label flipped
     assert not bad.ok and [c.field for c in bad.failed] == ["heldout_ll"]
 
 

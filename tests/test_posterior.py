@@ -149,3 +149,24 @@ def test_regression_metrics(linear_model, linear_data):
     metrics = ppl.evaluate(post, linear_data.test, seed=1)
     assert set(metrics) == {"nll", "rmse", "coverage_90"}
     assert metrics["rmse"] < 1.0 and 0.6 <= metrics["coverage_90"] <= 1.0
+
+
+def test_a_posterior_is_frozen_and_replaced_not_patched(linear_model, linear_data):
+    """A method's result is built once: setting an attribute raises an error that says what to do;
+    the run record ppl.fit passes and held-out rows make new Posteriors that share the draws, and
+    the one they came from keeps its own record and verdict."""
+    post = ppl.fit(linear_model, linear_data.train, method="laplace", seed=3)
+    assert post.seed == 3 and post.options["hessian"] == post.record.options["hessian"] and post.wall_time_s > 0
+    assert post.provenance["data"]["rows"] == len(linear_data.train.X) and post.fingerprint
+    with pytest.raises(AttributeError, match="frozen.*with_heldout"):
+        post.seed = 4
+    with pytest.raises(AttributeError, match="frozen"):
+        post.heldout = linear_data.test
+    before = post.diagnostics()
+    judged = post.with_heldout(*linear_data.test)
+    assert judged is not post and post.heldout is None and judged.heldout[0].shape == np.shape(linear_data.test.X)
+    assert judged.draws is post.draws and judged.flat_draws is post.flat_draws and judged.seed == 3
+    assert judged.diagnostics().heldout_rows == len(linear_data.test.X)
+    assert post.diagnostics() is before and before.heldout_rows is None
+    with pytest.raises(TypeError, match="cannot be replaced"):
+        post.replace(draws={})

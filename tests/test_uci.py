@@ -135,9 +135,9 @@ def test_boston_laplace_at_defaults_generalises_and_the_collapsed_one_is_never_t
     tuned = ppl.fit(BNN(hidden=(50,)), data.train, method="laplace", seed=0)
     metrics = data.in_target_units(ppl.evaluate(tuned, data.test, seed=1))
     assert -metrics["nll"] > -3.2, metrics
-    record = tuned.hold_out(*data.test).diagnostics()
+    record = tuned.with_heldout(*data.test).diagnostics()
     assert record.heldout_ll > record.heldout_baseline_ll
     collapsed = ppl.fit(BNN(hidden=(50,)), data.train, method="laplace", seed=0, prior_precision=None)
     assert data.in_target_units(ppl.evaluate(collapsed, data.test, seed=1))["nll"] > 100
-    judged = collapsed.hold_out(*data.test).diagnostics()
+    judged = collapsed.with_heldout(*data.test).diagnostics()
     assert not judged.ok and {"heldout_ll", "heldout_coverage_90"} <= {c.field for c in judged.failed}

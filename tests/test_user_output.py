@@ -410,7 +410,7 @@ def test_the_loss_figure_shows_the_whole_descent_and_marks_the_method_s_own_roun
         return figures[0].axes[0]
 
     post = ppl.fit(ppl.models.LinearRegression(), linear_data.train, method="map", seed=0, steps=10, max_steps=50)
-    post.trace = TrainingTrace(losses=100.0 + np.exp(-np.arange(45) / 5.0))  # a descent of 1e-4 on a loss of 100
+    post = post.replace(trace=TrainingTrace(losses=100.0 + np.exp(-np.arange(45) / 5.0)))  # a descent of 1e-4 on a loss of 100
     axes = axes_of(post, "map.png")
     assert axes.get_yscale() == "log" and axes.yaxis.get_offset_text().get_text() == ""
     assert post.loss_label in axes.get_title()

@@ -76,10 +76,11 @@ def run(args) -> int:
                         store.save_posterior(error.partial, out, extra_files={INVOCATION: invocation})
                         print(f"the last finite state is saved in {out} (marked failed)", file=sys.stderr)
                     raise
-                posterior.provenance["data"].update(_data_source(args, data))
+                provenance = {**posterior.provenance, "data": {**posterior.provenance["data"], **_data_source(args, data)}}
+                posterior = posterior.replace(record=posterior.record._replace(provenance=provenance))
                 if args.model != "vae" and len(data.test.X):
                     # the verdict also judges the predictive on the test split (ppl.diagnostics.heldout)
-                    posterior.hold_out(*data.test)
+                    posterior = posterior.with_heldout(*data.test)
                 diagnostics = posterior.diagnostics()
             record["diagnostics"] = diagnostics.to_dict()
             if posterior.status.interrupted:

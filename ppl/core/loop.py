@@ -112,7 +112,7 @@ def drive(loop: Loop, session):
                 if getattr(error, "partial", None) is None:
                     error.partial = loop.failed_partial()
                 if error.partial is not None and not error.partial.status.failed:
-                    error.partial.status = error.partial.status._replace(failed=str(error))
+                    error.partial = error.partial.replace(status=error.partial.status._replace(failed=str(error)))
                 raise
             if loop.resumable:
                 session.maybe_checkpoint(loop.count(), loop.snapshot)

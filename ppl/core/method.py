@@ -91,10 +91,12 @@ class Method:
         return steps if isinstance(steps, int) and not isinstance(steps, bool) else None
 
     @classmethod
-    def remeasure(cls, posterior, key) -> None:
-        """Measure again, on a loaded run, what the run measured at its draws and its verdict reads
-        (``key``: the run's own, from its seed), in place of the stored numbers: loading never
-        trusts a stored verdict or a number that decides one. Most methods store none."""
+    def remeasure(cls, posterior, key):
+        """The loaded run ``posterior`` with what the run measured at its draws and its verdict
+        reads measured again (``key``: the run's own, from its seed), in place of the stored numbers:
+        loading never trusts a stored verdict or a number that decides one. Most methods store none
+        and return it as it is."""
+        return posterior
 
     def stored_draws(self) -> int:
         """How many draws of the flat parameter vector the result will hold (for the memory check).

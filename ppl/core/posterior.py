@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import jax
@@ -19,7 +20,7 @@ from ppl.core.guide import numpyro_guide
 from ppl.core.keys import as_key, check_num_samples
 from ppl.core.method import Method
 from ppl.core.problem import structure_trace
-from ppl.core.records import RECORDS, ChainStats, Evidence, RunStatus, TrainingTrace
+from ppl.core.records import RECORDS, ChainStats, Evidence, RunRecord, RunStatus, TrainingTrace
 from ppl.core.results import POSTERIOR_KINDS, Prediction
 from ppl.diagnostics import compute_diagnostics, to_inference_data
 from ppl.diagnostics.summary import summary as parameter_summary
@@ -64,10 +65,20 @@ class Posterior:
         evidence: log evidence and bounds the method computed itself (:class:`Evidence`), else None.
         info: what is particular to one method (its guide, a prior precision, SWAG's snapshot
             count, ...); shared code reads only the typed records above.
-        wall_time_s, seed, options: how it was produced.
+        wall_time_s, seed, options, fingerprint, provenance: how it was produced (from the
+            :class:`ppl.core.records.RunRecord` that ``ppl.fit`` or the loader passes).
         approximation: the fitted family (``Gaussian``, ``PointMass``) for density methods; None for
             samplers.
+        resume_state: what ``ppl.fit(..., resume=...)`` continues from (partial runs), else None.
+        heldout: ``(X, y)`` rows the fit never saw, which the diagnostics check (see ``with_heldout``).
+
+    A Posterior is frozen: it is built once, by the method (from its result) or by the loader, and
+    never patched; setting an attribute raises an error. What is added later — the run record
+    (``ppl.fit``), held-out rows (``with_heldout``) — makes a new Posterior that shares the draws.
     """
+
+    # the fields a new Posterior may have in place of this one's (see replace)
+    _REPLACEABLE = ("status", "trace", "evidence", "chain_stats", "info", "resume_state", "heldout", "record")
 
     def __init__(
         self,
@@ -81,10 +92,10 @@ class Posterior:
         chain_stats: ChainStats | None = None,
         evidence: Evidence | None = None,
         info: dict | None = None,
-        options: dict | None = None,
-        seed=None,
         approximation=None,
-        wall_time_s: float = 0.0,
+        record: RunRecord | None = None,
+        resume_state=None,
+        local_guide=None,
     ):
         flat_draws = jnp.asarray(flat_draws)
         if flat_draws.ndim != 3 or flat_draws.shape[-1] != problem.num_params:
@@ -101,21 +112,15 @@ class Posterior:
         self.status = RunStatus() if status is None else status
         self.trace, self.chain_stats, self.evidence = trace, chain_stats, evidence
         self.info = dict(info or {})
-        self.options = dict(options or {})
-        self.seed = seed
         self.approximation = approximation
-        self.wall_time_s = float(wall_time_s)
-        # Set for partial runs (interrupted, checkpoints): what ppl.fit(..., resume=...) continues from.
-        self.resume_state = None
-        # What a resumed run must share with this one (set by ppl.fit; None for hand-built results).
-        self.fingerprint = None
-        # What ran (model with its settings, data size and source, package versions); set by ppl.fit.
-        self.provenance: dict = {}
+        self._take_record(record)
+        # Partial runs (interrupted, checkpoints): what ppl.fit(..., resume=...) continues from.
+        self.resume_state = resume_state
         self.program = None  # a detached run's program name (see Posterior.detached)
-        # (X, y) rows the fit never saw, checked by the diagnostics (see Posterior.hold_out)
+        # (X, y) rows the fit never saw, checked by the diagnostics (see Posterior.with_heldout)
         self.heldout = None
         # (guide, encoder parameters) of a model with local latents (a VAE fitted by svi)
-        self.local_guide = None
+        self.local_guide = local_guide
         self.deterministic_sites = tuple(site.name for site in problem.deterministic_sites)
         self.function_sites = tuple(problem.function_sites)
         # Deterministic sites are computed here, in the same replay of the model that constrains
@@ -126,6 +131,44 @@ class Posterior:
             for name, value in constrained.items()
         }
         self._cache: dict = {}
+        self._frozen = True
+
+    def _take_record(self, record: RunRecord | None) -> None:
+        record = RunRecord() if record is None else record
+        self.record = record
+        self.seed, self.options = record.seed, dict(record.options or {})
+        self.wall_time_s, self.fingerprint = float(record.wall_time_s), record.fingerprint
+        self.provenance = dict(record.provenance or {})
+        if record.devices > 1:
+            self.info = {**self.info, "devices": int(record.devices)}
+
+    def __setattr__(self, name, value):
+        if getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"a Posterior is frozen: its {name!r} cannot be set. A run's result is built once; "
+                "post.with_heldout(X, y) returns a new Posterior judged on held-out rows, and "
+                "ppl.fit(..., **options) fits again with other settings"
+            )
+        object.__setattr__(self, name, value)
+
+    def replace(self, **changes) -> Posterior:
+        """A new Posterior equal to this one but for ``changes``: the run ``record`` (what ``ppl.fit``
+        passes), ``status``, ``trace``, ``evidence``, ``chain_stats``, ``info``, ``resume_state`` or ``heldout``
+        (checked rows: use :meth:`with_heldout`). It shares the draws and approximation; what this
+        one computed from the old fields (its diagnostics) is not carried over."""
+        unknown = set(changes) - set(self._REPLACEABLE)
+        if unknown:
+            raise TypeError(f"Posterior.replace: {sorted(unknown)} cannot be replaced; only {', '.join(self._REPLACEABLE)}")
+        new = copy.copy(self)
+        object.__setattr__(new, "_frozen", False)
+        if "record" in changes:
+            new.info = {k: v for k, v in new.info.items() if k != "devices"}
+            new._take_record(changes.pop("record"))
+        for name, value in changes.items():
+            setattr(new, name, dict(value) if name == "info" else value)
+        new._cache = {}
+        new._frozen = True
+        return new
 
     @classmethod
     def detached(cls, *, method, kind, draws, records, info, options, seed, wall_time_s, diagnostics, program, folder,
@@ -144,15 +187,15 @@ class Posterior:
         first = next(iter(self.draws.values()))
         self.num_chains, self.num_draws = int(first.shape[0]), int(first.shape[1])
         self.status, self.trace, self.chain_stats, self.evidence = (records[name] for name in RECORDS)
-        self.info, self.options, self.seed = dict(info), dict(options), seed
-        self.wall_time_s = float(wall_time_s)
-        self.resume_state = self.fingerprint = None
-        self.provenance = dict(provenance)
+        self.info = dict(info)
+        self._take_record(RunRecord(seed=seed, options=options, wall_time_s=wall_time_s, provenance=provenance))
+        self.resume_state = None
         self.program, self._folder = program, folder
         self.local_guide = self.heldout = None
         # Stored draws of a sampler can be resampled without the model; draws from q cannot be made anew.
         self._detached_sampler = bool(sampler)
         self._cache = {} if diagnostics is None else {"diagnostics": diagnostics}
+        self._frozen = True
         return self
 
     # -- models with local latents (VAE) ----------------------------------------------------------
@@ -436,8 +479,9 @@ class Posterior:
         """Steps per round of the run in ``trace`` (``Method.round_length``), or None."""
         return (registry.get(self.method) if self.method in registry.METHODS else Method).round_length(self)
 
-    def hold_out(self, X, y):
-        """Judge this run also on rows ``(X, y)`` it was not fitted on; returns the posterior.
+    def with_heldout(self, X, y) -> Posterior:
+        """This run, judged also on rows ``(X, y)`` it was not fitted on: a new Posterior sharing
+        these draws (a Posterior is frozen), whose diagnostics include the held-out check.
 
         The diagnostics then check the predictive against a trivial baseline and the coverage of
         its 90% intervals (:mod:`ppl.diagnostics.heldout`), so a fit that over-fits its training
@@ -445,19 +489,17 @@ class Posterior:
         recomputed from them on every load. ``ppl.fit(..., validation=f)`` holds out a share of the
         training rows itself; ``ppl fit`` and ``ppl compare`` hold out their test split.
         """
-        self._attached("hold_out")
+        self._attached("with_heldout")
         if not self.problem.is_declarative or self.problem.spec.kind == "unsupervised":
             raise TypeError(
-                "hold_out needs a supervised declarative model from ppl.models (it predicts y from X); for a plain "
+                "with_heldout needs a supervised declarative model from ppl.models (it predicts y from X); for a plain "
                 "NumPyro program, score held-out data with numpyro.infer.Predictive"
             )
         X, y = validate_supervised(self.problem.model, (X, y), where="held-out data")
         if y is None or len(X) == 0:
-            raise TypeError("hold_out needs at least one held-out row with its target: pass (X, y)")
+            raise TypeError("with_heldout needs at least one held-out row with its target: pass (X, y)")
         X = self._new_inputs(X)
-        self.heldout = (np.asarray(X), np.asarray(y))
-        self._cache.pop("diagnostics", None)
-        return self
+        return self.replace(heldout=(np.asarray(X), np.asarray(y)))
 
     def diagnostics(self):
         """The uniform :class:`ppl.Diagnostics` record (computed once, then cached)."""

@@ -103,6 +103,20 @@ class Evidence(NamedTuple):
     closed_form: bool = False
 
 
+class RunRecord(NamedTuple):
+    """How a run was produced, which ``ppl.fit`` (or the loader) passes to the method's result: the
+    seed as printed, the method's options, the wall time, what a resumed run must share with it
+    (``fingerprint``), what ran (``provenance``: the model with its settings, the data's size and
+    source, package versions) and the number of devices it ran on."""
+
+    seed: object = None
+    options: dict | None = None
+    wall_time_s: float = 0.0
+    fingerprint: str | None = None
+    provenance: dict | None = None
+    devices: int = 1
+
+
 # name on Posterior -> record type, in the order they are saved
 RECORDS = {"status": RunStatus, "trace": TrainingTrace, "chain_stats": ChainStats, "evidence": Evidence}
 

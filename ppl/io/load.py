@@ -27,7 +27,7 @@ from ppl.core.gaussian import from_arrays, stored_draws_mismatch
 from ppl.core.keys import as_key
 from ppl.core.posterior import Posterior
 from ppl.core.problem import Problem, compile_problem
-from ppl.core.records import RECORDS, from_saved
+from ppl.core.records import RECORDS, RunRecord, from_saved
 from ppl.core.results import Check, Diagnostics
 from ppl.io.store import ARRAYS, DIAGNOSTICS, META, Schema, Snapshot, describe_model, jsonable, model_difference, read_meta, with_snapshot
 from ppl.io.verdict import measure_chains, rederive
@@ -359,30 +359,29 @@ def _load_from(snapshot: Snapshot, model, trust: bool):
     family = _stored_approximation(folder, meta, arrays, flat, num_params, problem.init_params.dtype)
     posterior = Posterior(
         method=meta["method"], kind=meta["kind"], problem=problem, flat_draws=flat.astype(problem.init_params.dtype, copy=False),
-        **_records(folder, meta, arrays), info=_info(meta, arrays), options=meta["options"], seed=meta["seed"],
-        approximation=family,
-        wall_time_s=meta["wall_time_s"],
+        **_records(folder, meta, arrays), info=_info(meta, arrays), approximation=family,
+        record=RunRecord(
+            seed=meta["seed"], options=meta["options"], wall_time_s=meta["wall_time_s"],
+            fingerprint=meta.get("fingerprint"), provenance=_replacement_from_records(meta, problem.model, folder),
+        ),
+        resume_state=resume,
+        local_guide=_local_guide(folder, problem, meta, arrays) if problem.local_sites else None,
     )
-    if problem.local_sites:
-        posterior.local_guide = _local_guide(folder, problem, meta, arrays)
-    _remeasure(posterior, meta["seed"])
+    posterior = _remeasure(posterior, meta["seed"])
     if "heldout/X" in arrays or "heldout/y" in arrays:
-        _attach_heldout(posterior, arrays, folder)
-    posterior.resume_state = resume
-    posterior.fingerprint = meta.get("fingerprint")
-    posterior.provenance = _replacement_from_records(meta, problem.model, folder)
+        posterior = _with_saved_heldout(posterior, arrays, folder)
     # diagnostics.json is never read back into the run: diagnostics() recomputes them from the draws
     return posterior, resume, meta
 
 
-def _remeasure(posterior, seed) -> None:
+def _remeasure(posterior, seed):
     """The method measures again what it measured at the draws and its verdict reads (SG-MCMC's
     temperature), with the run's own key when the seed is saved: no stored number decides a verdict."""
     key = as_key(0 if seed is None else seed if isinstance(seed, int) else jnp.asarray(seed, dtype=jnp.uint32))
-    registry.get(posterior.method).remeasure(posterior, key)
+    return registry.get(posterior.method).remeasure(posterior, key)
 
 
-def _attach_heldout(posterior, arrays: dict, folder: Path) -> None:
+def _with_saved_heldout(posterior, arrays: dict, folder: Path):
     """The saved held-out rows, checked as new held-out data would be (the verdict is recomputed
     from them; a run saved with them cannot lose them unnoticed)."""
     if "heldout/X" not in arrays or "heldout/y" not in arrays:
@@ -391,7 +390,7 @@ def _attach_heldout(posterior, arrays: dict, folder: Path) -> None:
     X = _check_array(folder, arrays, "heldout/X")
     y = _check_array(folder, arrays, "heldout/y", kinds="biuf")
     try:
-        posterior.hold_out(X, y)
+        return posterior.with_heldout(X, y)
     except (ValueError, TypeError, DataError) as error:
         raise RunError(f"{folder}/{ARRAYS}: the saved held-out rows do not fit the model ({error})") from None
 
