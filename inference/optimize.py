@@ -223,11 +223,14 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
         else:
             value, grad = jax.value_and_grad(loss_fn)(params)
             updates, new_state = optimizer.update(grad, opt_state, params)
-            active = step < config.budget
+            # every step is taken: the run loop never asks for one past the budget (_MinimizeLoop.advance)
+            active = None
         if frozen is not None:
-            active = active & ~frozen
+            active = ~frozen if active is None else active & ~frozen
         new_params = optax.apply_updates(params, updates)
         new_collected = collected if collector is None else collector.update(collected, new_params, step)
+        if active is None:  # no copy of the state to choose between: on a small network, a tenth of a step
+            return (new_params, (new_state, new_collected)), value
         new_state, new_collected = select(active, (new_state, new_collected), (opt_state, collected))
         return (select(active, new_params, params), (new_state, new_collected)), value
 
