@@ -73,6 +73,13 @@ SETTLE_TOLERANCE = 1.25  # curvature growth (against the step's) that the settli
 MAX_AUTO_BATCH = 4096  # the largest minibatch the automatic choice takes (the full data when smaller)
 POWER_ITERATIONS = 30
 DRAWS_PER_CHUNK = 100  # draws per compiled call; Ctrl-C is honoured between calls
+# SGLD steps unrolled per trip of its sampling loop: a step of a small network is a few dozen small
+# operations, and XLA:CPU pays a fixed cost per loop trip. Measured on the main job's BNN (4 chains,
+# 400 draws × 50 steps, warm fit): 7.5 s with 1, 6.2 s with 10, 6.5–6.6 s with 25 or 50 (1 s more
+# compiling with 10, 7 s with 25), identical draws. Not in the warmup loop (3 s more compiling for
+# little), nor SGHMC's (13% faster for twice the compile time, and its float32 trajectory rounds
+# differently) or cyclical SGLD's (4% faster, 3 s more compiling).
+UNROLL = 10
 STEP_FACTOR = 0.1  # ε λ (1 + r) for the automatic Langevin step size
 SGHMC_STEP_FACTOR = 0.25  # ε √(λ (1 + r)) for the automatic SGHMC step size
 EXPLORATION_CAP = 1.0  # the largest ε λ (1 + r) at the top of a cyclical SGLD cycle
@@ -957,7 +964,7 @@ class SGLD(_SGMCMC):
         def body(i, s):
             return self._transition(problem, white, batch, s, jax.random.fold_in(key, i), step, i)
 
-        return jax.lax.fori_loop(0, self.thinning, body, state)
+        return jax.lax.fori_loop(0, self.thinning, body, state, unroll=UNROLL)
 
 
 @dataclass(frozen=True)
