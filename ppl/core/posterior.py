@@ -154,8 +154,9 @@ class Posterior:
     def replace(self, **changes) -> Posterior:
         """A new Posterior equal to this one but for ``changes``: the run ``record`` (what ``ppl.fit``
         passes), ``status``, ``trace``, ``evidence``, ``chain_stats``, ``info``, ``resume_state`` or ``heldout``
-        (checked rows: use :meth:`with_heldout`). It shares the draws and approximation; what this
-        one computed from the old fields (its diagnostics) is not carried over."""
+        (checked rows: use :meth:`with_heldout`). It shares the draws and approximation, and what
+        this one computed from them alone; its diagnostics, which read the other fields, are not
+        carried over."""
         unknown = set(changes) - set(self._REPLACEABLE)
         if unknown:
             raise TypeError(f"Posterior.replace: {sorted(unknown)} cannot be replaced; only {', '.join(self._REPLACEABLE)}")
@@ -166,7 +167,9 @@ class Posterior:
             new._take_record(changes.pop("record"))
         for name, value in changes.items():
             setattr(new, name, dict(value) if name == "info" else value)
-        new._cache = {}
+        # what depends on the draws alone (log-likelihoods, PSIS log-ratios, function draws) is kept;
+        # the diagnostics read the replaced fields, and are computed anew
+        new._cache = {name: value for name, value in self._cache.items() if name != "diagnostics"}
         new._frozen = True
         return new
 
