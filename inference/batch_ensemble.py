@@ -127,7 +127,8 @@ class BatchEnsemble(Ensemble):
             members = layout.members(params)
             info = {"optimizer": config.optimizer, "shared_fraction": float(np.mean(np.asarray(layout.shared))), **tuned}
             return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=members[:, None, :], status=status,
+                method=self.name, kind=self.kind, declared_by=type(self), problem=problem,
+                flat_draws=members[:, None, :], status=status,
                 trace=trace, info=info,
             )
 

@@ -110,7 +110,7 @@ def train_members(key, problem, config: OptimizerConfig, *, num_members: int, le
     def build(params, losses, stopped):
         judged = judge_members(params, losses, stopped)
         return Posterior(
-            method=Ensemble.name, kind=Ensemble.kind, problem=problem, flat_draws=params[:, None, :],
+            method=Ensemble.name, kind=Ensemble.kind, declared_by=Ensemble, problem=problem, flat_draws=params[:, None, :],
             **members_record(judged, losses), info={"optimizer": config.optimizer, **(info or {})},
         )
 

@@ -265,6 +265,7 @@ class Exact(Method):
         return Posterior(
             method=self.name,
             kind=self.kind,
+            declared_by=type(self),
             problem=problem,
             flat_draws=flat[None],
             # closed_form: q is the posterior itself, so constant log p − log q means a perfect fit.

@@ -200,7 +200,8 @@ class IVON(Method):
             family = Gaussian(params["m"], Diagonal(1.0 / jnp.sqrt(params["h"])))
             status, trace = judged(params, losses)
             return Posterior(
-                method=self.name, kind=self.kind, problem=problem, flat_draws=draw(family, draw_key, self.num_draws)[None],
+                method=self.name, kind=self.kind, declared_by=type(self), problem=problem,
+                flat_draws=draw(family, draw_key, self.num_draws)[None],
                 status=status, trace=trace, info={"guide": "mean_field"}, approximation=family,
             )
 

@@ -321,8 +321,8 @@ class Laplace(Method):
         )
         flat = draw(family, draw_key, self.num_draws)
         return Posterior(
-            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], status=status, trace=trace,
-            evidence=None if log_evidence is None else Evidence(log_evidence=float(log_evidence)), info=info,
+            method=self.name, kind=self.kind, declared_by=type(self), problem=target, flat_draws=flat[None],
+            status=status, trace=trace, evidence=None if log_evidence is None else Evidence(log_evidence=float(log_evidence)), info=info,
             approximation=family,
         )
 

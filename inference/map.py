@@ -85,4 +85,4 @@ class MAP(Method):
         self.check(problem)
         problem, tuned = self.target(key, problem, session)
         return fit_mode(key, problem, self.config(), learning_rate=self.learning_rate, init=self.init, session=session,
-                        info=tuned)
+                        info=tuned, declared_by=type(self))

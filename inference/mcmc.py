@@ -381,7 +381,7 @@ class _MCMC(Method):
         )
         info = {"steps_done_per_chain": [int(d) for d in done], "inverse_mass_matrix_diag": np.asarray(inverse_masses)}
         return Posterior(
-            method=self.name, kind=self.kind, problem=problem, flat_draws=stats["z"], status=status,
+            method=self.name, kind=self.kind, declared_by=type(self), problem=problem, flat_draws=stats["z"], status=status,
             chain_stats=chain_stats, info=info,
         )
 

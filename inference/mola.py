@@ -118,6 +118,7 @@ class MoLA(Method):
         }
         flat = draw(mixture, draw_key, self.num_draws)
         return Posterior(
-            method=self.name, kind=self.kind, problem=target, flat_draws=flat[None], status=status, trace=found.trace,
+            method=self.name, kind=self.kind, declared_by=type(self), problem=target, flat_draws=flat[None],
+            status=status, trace=found.trace,
             info=info, approximation=mixture,
         )

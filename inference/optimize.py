@@ -27,7 +27,7 @@ from ppl.core.checkpoint import Interrupted, ResumeState, Session, restore_tree
 from ppl.core.errors import NonFiniteError, OptionError, ResumeError
 from ppl.core.gaussian import PointMass, from_arrays
 from ppl.core.loop import Loop, drive
-from ppl.core.method import check_positive_int
+from ppl.core.method import Method, check_positive_int
 from ppl.core.posterior import Posterior
 from ppl.core.records import RunStatus, TrainingTrace
 
@@ -885,12 +885,15 @@ def mode_config(steps: int, batch_size: int | None = None, optimizer: str = "aut
 
 
 def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.01, init: str = "prior",
-             session: Session | None = None, info: dict | None = None, movable=None) -> Posterior:
+             session: Session | None = None, info: dict | None = None, movable=None,
+             declared_by: type[Method] = Method) -> Posterior:
     """The ``map`` method's run on ``problem`` as given (its prior already chosen): from a start drawn
     by ``init``, ``minimize`` the negative log joint under ``config`` until its convergence test
     passes or the budget is spent; a point-mass Posterior whose ``info`` adds ``info``. The prior
     tuning builds on it too, which is why it lives here and not in the method's module. ``movable``
-    (a mask over the flat coordinates; None: all) moves only those, the others held at the start."""
+    (a mask over the flat coordinates; None: all) moves only those, the others held at the start.
+    ``declared_by``: the class whose declaration speaks for the result (``MAP`` passes itself; a
+    mode found inside another method keeps the base class's generic remedies)."""
     init_key, run_key = jax.random.split(key)
     start = problem.init_position(init_key, init)
     objective = restricted(NegativeLogJoint(), movable)
@@ -908,7 +911,7 @@ def fit_mode(key, problem, config: OptimizerConfig, *, learning_rate: float = 0.
     def build(params, losses):
         status, trace = judged(params, losses)
         return Posterior(
-            method="map", kind="point", problem=problem, flat_draws=params[None, None], status=status,
+            method="map", kind="point", declared_by=declared_by, problem=problem, flat_draws=params[None, None], status=status,
             trace=trace, info={"optimizer": config.optimizer, **(info or {})}, approximation=PointMass(params),
         )
 

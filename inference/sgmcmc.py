@@ -597,7 +597,7 @@ class WhitenedChains(Method):
         info.update(self._resolved(steps))
         info.update(run_info)
         return Posterior(
-            method=self.name, kind=self.kind, problem=problem, flat_draws=flat,
+            method=self.name, kind=self.kind, declared_by=type(self), problem=problem, flat_draws=flat,
             status=RunStatus(interrupted=done < target, steps_done=done), chain_stats=chain_stats, info=info,
         )
 
@@ -892,7 +892,8 @@ def _check_finite(method, values, phase, done, partial=None, problem=None):
         error.partial = None
         if partial and problem is not None:
             error.partial = Posterior(
-                method=method.name, kind=method.kind, problem=problem, flat_draws=jnp.concatenate(partial, axis=1),
+                method=method.name, kind=method.kind, declared_by=type(method), problem=problem,
+                flat_draws=jnp.concatenate(partial, axis=1),
                 status=RunStatus(interrupted=True, failed=str(error), steps_done=done),
             )
         raise error

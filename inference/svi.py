@@ -452,7 +452,7 @@ class SVI(Method):
             if self.kl_warmup:
                 trace = trace._replace(kl_warmup=int(self.kl_warmup))
             posterior = Posterior(
-                method=self.name, kind=self.kind if family.has_density else "point", problem=problem,
+                method=self.name, kind=self.kind if family.has_density else "point", declared_by=type(self), problem=problem,
                 flat_draws=flat[None], status=status, trace=trace,
                 info={"start": start_note, "guide": self.global_guide_name(problem)}, approximation=family,
                 local_guide=(guide, params["local"]) if problem.local_sites else None,

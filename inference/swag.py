@@ -310,7 +310,7 @@ class SWAG(Method):
         # The SGD phase explores around the mode at a constant (or cyclic) rate: it is not meant to
         # converge, so the status carries no convergence verdict.
         return Posterior(
-            method=self.name, kind=self.kind, problem=problem, flat_draws=flat[None],
+            method=self.name, kind=self.kind, declared_by=type(self), problem=problem, flat_draws=flat[None],
             status=RunStatus(interrupted=done < self.swag_steps, steps_done=done),
             trace=TrainingTrace(losses=np.asarray(result.losses)), info=info, approximation=family,
             resume_state=result.resume_state,

@@ -120,6 +120,16 @@ def test_methods_are_reached_through_the_registry():
                 assert not name.startswith("ppl.inference"), (path, name)
 
 
+def test_the_core_does_not_look_methods_up_by_name():
+    # The registry imports a method's module on request, which from the core would reach the layer
+    # above it: the Posterior hears from its method's class (declared_by), passed by the method or
+    # the loader.
+    for path in _files("ppl/core"):
+        if path.name in ("registry.py", "__init__.py"):
+            continue
+        assert "ppl.core.registry" not in _all_imports(path), path
+
+
 def test_the_command_line_imports_at_module_level():
     # every dependency of a command is visible at the top of its module; the one exception is
     # matplotlib, which only the VAE figure of `ppl fit --model vae` needs (a second to import)

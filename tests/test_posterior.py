@@ -170,3 +170,23 @@ def test_a_posterior_is_frozen_and_replaced_not_patched(linear_model, linear_dat
     assert post.diagnostics() is before and before.heldout_rows is None
     with pytest.raises(TypeError, match="cannot be replaced"):
         post.replace(draws={})
+
+
+def test_the_method_s_class_speaks_for_its_run_fitted_or_loaded(linear_model, linear_data, tmp_path):
+    """Remedies, the loss label and the round length come from the class the method (or the loader)
+    passes; the Posterior never looks a method up by its name."""
+    from ppl.core import registry
+    from ppl.core.method import Method
+    from ppl.core.posterior import Posterior
+
+    post = ppl.fit(linear_model, linear_data.train, method="laplace", seed=0)
+    laplace = registry.get("laplace")
+    assert post.declared_by is laplace and post.loss_label == laplace.loss_label != Method.loss_label
+    assert post.remedy("fit") == laplace.remedy(post, "fit") != Method.remedy(post, "fit")
+    assert post.with_heldout(*linear_data.test).declared_by is laplace
+    post.save(tmp_path / "run")
+    assert ppl.load(tmp_path / "run").declared_by is laplace
+    # built by hand without a declaration: the base class's generic advice, whatever the name says
+    bare = Posterior(method="laplace", kind="independent", problem=post.problem, flat_draws=post.flat_draws,
+                     approximation=post.approximation)
+    assert bare.declared_by is Method and bare.loss_label == "loss" and bare.remedy("fit") == Method.remedy(bare, "fit")

@@ -12,7 +12,6 @@ import numpy as np
 from functools import partial
 
 from ppl.core import predict
-from ppl.core import registry
 from ppl.core import vae
 from ppl.core.data import validate_inputs, validate_supervised
 from ppl.core.errors import OptionError, RunError
@@ -70,6 +69,10 @@ class Posterior:
         approximation: the fitted family (``Gaussian``, ``PointMass``) for density methods; None for
             samplers.
         resume_state: what ``ppl.fit(..., resume=...)`` continues from (partial runs), else None.
+        declared_by: the :class:`ppl.core.method.Method` class that speaks for the run: its
+            declaration supplies the remedies the diagnostics print, the loss's label and the
+            round length of the loss figure. The method passes its own class; the loader the
+            registered class of the saved method's name; the base ``Method`` otherwise.
         heldout: ``(X, y)`` rows the fit never saw, which the diagnostics check (see ``with_heldout``).
 
     A Posterior is frozen: it is built once, by the method (from its result) or by the loader, and
@@ -96,6 +99,7 @@ class Posterior:
         record: RunRecord | None = None,
         resume_state=None,
         local_guide=None,
+        declared_by: type[Method] = Method,
     ):
         flat_draws = jnp.asarray(flat_draws)
         if flat_draws.ndim != 3 or flat_draws.shape[-1] != problem.num_params:
@@ -113,6 +117,7 @@ class Posterior:
         self.trace, self.chain_stats, self.evidence = trace, chain_stats, evidence
         self.info = dict(info or {})
         self.approximation = approximation
+        self.declared_by = declared_by
         self._take_record(record)
         # Partial runs (interrupted, checkpoints): what ppl.fit(..., resume=...) continues from.
         self.resume_state = resume_state
@@ -175,7 +180,7 @@ class Posterior:
 
     @classmethod
     def detached(cls, *, method, kind, draws, records, info, options, seed, wall_time_s, diagnostics, program, folder,
-                 sampler, provenance, deterministic_sites=(), function_sites=()):
+                 sampler, provenance, deterministic_sites=(), function_sites=(), declared_by: type[Method] = Method):
         """A loaded run of a plain NumPyro program whose program was not passed back.
 
         It holds the constrained draws, the saved diagnostics and the metadata. Everything that
@@ -184,7 +189,7 @@ class Posterior:
         """
         self = cls.__new__(cls)
         self.method, self.problem, self.flat_draws, self.approximation = method, None, None, None
-        self.kind = kind
+        self.kind, self.declared_by = kind, declared_by
         self.draws = {k: np.asarray(v) for k, v in draws.items()}
         self.deterministic_sites, self.function_sites = tuple(deterministic_sites), tuple(function_sites)
         first = next(iter(self.draws.values()))
@@ -470,17 +475,17 @@ class Posterior:
     def remedy(self, topic: str) -> str:
         """What to try when a diagnostic check of ``topic`` fails (``"fit"``, ``"mixing"``,
         ``"steps"``), in the options of the method that ran (``Method.remedy``)."""
-        return (registry.get(self.method) if self.method in registry.METHODS else Method).remedy(self, topic)
+        return self.declared_by.remedy(self, topic)
 
     @property
     def loss_label(self) -> str:
         """What the loss in ``trace`` is, in the words of the method that ran (``Method.loss_label``)."""
-        return (registry.get(self.method) if self.method in registry.METHODS else Method).loss_label
+        return self.declared_by.loss_label
 
     @property
     def round_length(self) -> int | None:
         """Steps per round of the run in ``trace`` (``Method.round_length``), or None."""
-        return (registry.get(self.method) if self.method in registry.METHODS else Method).round_length(self)
+        return self.declared_by.round_length(self)
 
     def with_heldout(self, X, y) -> Posterior:
         """This run, judged also on rows ``(X, y)`` it was not fitted on: a new Posterior sharing

@@ -331,7 +331,7 @@ def _load_from(snapshot: Snapshot, model, trust: bool):
                 program=f"{record['module']}.{record['qualname']}", folder=str(folder),
                 sampler=meta["kind"] in ("chains", "members"), provenance=meta["provenance"],
                 deterministic_sites=tuple(name for name, _ in meta["deterministic"]),
-                function_sites=tuple(meta["function_sites"]),
+                function_sites=tuple(meta["function_sites"]), declared_by=registry.get(meta["method"]),
             ), resume, meta
         if not callable(model):
             raise RunError(f"model= must be the NumPyro program the run was fitted with, got {type(model).__name__}")
@@ -366,6 +366,7 @@ def _load_from(snapshot: Snapshot, model, trust: bool):
         ),
         resume_state=resume,
         local_guide=_local_guide(folder, problem, meta, arrays) if problem.local_sites else None,
+        declared_by=registry.get(meta["method"]),
     )
     posterior = _remeasure(posterior, meta["seed"])
     if "heldout/X" in arrays or "heldout/y" in arrays:
