@@ -136,7 +136,8 @@ def test_each_fit_lets_go_of_its_compiled_programs_before_the_next(monkeypatch):
     monkeypatch.setattr(ppl, "fit", fit)
     data = ppl.datasets.load("linear", seed=0)
     result = ppl.compare(LinearRegression(noise_scale=0.5), data, methods=["exact", "map"], reference="exact", seed=0)
-    assert fitted == [("exact", 0), ("map", 1)] and len(cleared) == 2
+    # once after each fit, before the next, and once after the scoring, before the report's grid
+    assert fitted == [("exact", 0), ("map", 1)] and len(cleared) == 3
     assert [row["method"] for row in result.rows] == ["exact", "map"]
 
 
