@@ -22,7 +22,6 @@ import json
 import math
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from ppl.diagnostics import _arviz
@@ -216,7 +215,6 @@ def _surfaces(comparison, methods, X, y, path: Path):
         posterior = comparison.posteriors[m]
         draws = min(SURFACE_DRAWS, posterior.num_chains * posterior.num_draws)
         predictions[m] = posterior.predict(grid, seed=comparison.seed, num_samples=draws, keep_draws=False)
-        jax.clear_caches()  # each method's grid program is its own; kept, 13 of them add to the job's peak
     top = max(float(np.log(p.probs.shape[1])) for p in predictions.values())
     for k, method in enumerate(methods):
         prediction = predictions[method]
