@@ -157,23 +157,38 @@ def _stable_argsort(keys: jax.Array) -> jax.Array:
     return by_low[by_high].astype(jnp.int32)
 
 
-def minibatch_indices(key, num_data: int, batch_size: int) -> jax.Array:
-    """``jax.random.choice(key, num_data, (batch_size,), replace=False)``: the same indices, computed faster.
+def shuffled(key, num_data: int) -> jax.Array:
+    """``jax.random.permutation(key, num_data)``: the same order, computed faster.
 
-    That call shuffles ``arange(num_data)`` with ``jax.random.permutation`` — rounds of a stable sort
-    by fresh random 32-bit keys — and keeps the first ``batch_size``; the rounds are repeated here with
-    the same keys and :func:`_stable_argsort` in place of the two-operand sort, which took three
-    quarters of an Adam step on a small network (tests/test_ensemble.py checks the indices are the same).
+    That call shuffles ``arange(num_data)`` by rounds of a stable sort by fresh random 32-bit keys;
+    the rounds are repeated here with the same keys and :func:`_stable_argsort` in place of the
+    two-operand sort, which took three quarters of an Adam step on a small network
+    (tests/test_ensemble.py checks the orders are the same).
     """
     if num_data > 2**16:
-        return jax.random.choice(key, num_data, (batch_size,), replace=False)
+        return jax.random.permutation(key, num_data)
     # jax.random.permutation's number of rounds (jax/_src/random: _shuffle)
     rounds = int(np.ceil(3 * np.log(max(1, num_data)) / np.log(np.iinfo(np.uint32).max)))
     order = jnp.arange(num_data, dtype=jnp.int32)
     for _ in range(rounds):
         key, subkey = jax.random.split(key)
         order = order[_stable_argsort(jax.random.bits(subkey, (num_data,), jnp.uint32))]
-    return order[:batch_size]
+    return order
+
+
+def minibatch_indices(key, num_data: int, batch_size: int) -> jax.Array:
+    """``jax.random.choice(key, num_data, (batch_size,), replace=False)``: the first ``batch_size``
+    of :func:`shuffled` (the same indices, computed faster)."""
+    return shuffled(key, num_data)[:batch_size]
+
+
+ROWS_STREAM = 1  # the random stream (folded into a step's key) of the rows' shuffle
+
+
+def epoch_order(key, first_step, num_data: int) -> jax.Array:
+    """The order in which an epoch visits the rows: a fresh shuffle, drawn from the key of the
+    epoch's first step (step ``t`` of a run uses ``fold_in(key, t)``)."""
+    return shuffled(jax.random.fold_in(jax.random.fold_in(key, first_step), ROWS_STREAM), num_data)
 
 
 @partial(jax.jit, static_argnames=("config", "members", "collector"))
@@ -203,13 +218,18 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
     that has settled while others train on); the losses are still evaluated.
     """
     optimizer = config.build(learning_rate)
+    # Minibatches are read epoch by epoch: each epoch visits the rows in a fresh random order, B at a
+    # time, and leaves out the last N mod B rows of that order (other rows each epoch). Each step's
+    # rows are a uniform draw without replacement, as before, and the shuffle — most of a small
+    # network's step when it was drawn afresh at every step — is paid once per epoch.
+    per_epoch = None if config.batch_size is None else problem.num_data // config.batch_size
 
-    def one_step(carry, step):
+    def one_step(carry, step, order):
         params, (opt_state, collected) = carry
         step_key = jax.random.fold_in(key, step)
         batch = None
         if config.batch_size is not None:
-            index = minibatch_indices(jax.random.fold_in(step_key, 1), problem.num_data, config.batch_size)
+            index = jax.lax.dynamic_slice_in_dim(order, (step % per_epoch) * config.batch_size, config.batch_size)
             batch = _devices.shard_rows(problem.batch(index))
 
         def loss_fn(p):
@@ -239,12 +259,19 @@ def _chunk(objective, config, capacity, collector, problem, params, state, key, 
     # did the same at a cost, per step, of the conditional and its copies of the state: on a
     # 513-weight network as much as the step itself.
     def body(index, carry):
-        state_now, losses = carry
-        new_state, value = one_step(state_now, start + index)
-        return new_state, losses.at[index].set(value.astype(losses.dtype))
+        state_now, losses, order = carry
+        step = start + index
+        if per_epoch is not None:  # the step (never a member's) decides, so under vmap this stays a branch
+            order = jax.lax.cond(step % per_epoch == 0, lambda: epoch_order(key, step, problem.num_data),
+                                 lambda: order)
+        new_state, value = one_step(state_now, step, order)
+        return new_state, losses.at[index].set(value.astype(losses.dtype)), order
 
     losses = jnp.full((capacity,), jnp.nan, problem.init_params.dtype)
-    (params, state), losses = jax.lax.fori_loop(0, num_active, body, ((params, state), losses))
+    # The order of the epoch the chunk starts in (a chunk may start mid-epoch, a resumed run too)
+    order = (jnp.zeros((0,), jnp.int32) if per_epoch is None
+             else epoch_order(key, start - start % per_epoch, problem.num_data))
+    (params, state), losses, _ = jax.lax.fori_loop(0, num_active, body, ((params, state), losses, order))
     return params, state, losses
 
 

@@ -101,6 +101,58 @@ def test_minibatch_indices_are_those_of_jax_random_choice():
             np.testing.assert_array_equal(order, np.argsort(tied, kind="stable"))
 
 
+class _PlainSteps:
+    """Plain gradient steps of length 1 (hashable, as OptimizerConfig needs): a parameter moves by
+    −(the number of times its row was in a minibatch)."""
+
+    def __hash__(self):
+        return 0
+
+    def __eq__(self, other):
+        return isinstance(other, _PlainSteps)
+
+    def build(self, rate):
+        import optax
+
+        return optax.sgd(1.0)
+
+
+def test_minibatches_visit_every_row_once_per_epoch_in_a_fresh_order_per_member():
+    # 23 rows in minibatches of 5: an epoch is 4 steps, visits 20 distinct rows and leaves 3 out
+    # (other rows in other epochs); members shuffle on their own keys, member 0 as a single run does.
+    import jax
+    import jax.numpy as jnp
+
+    from ppl.core.problem import compile_problem
+    from ppl.inference.optimize import OptimizerConfig, minimize
+
+    num_data, batch_size, epochs = 23, 5, 6
+    X = np.c_[np.arange(num_data, dtype=float), np.zeros(num_data)]
+    problem = compile_problem(BNN(hidden=(2,)), (X, np.zeros(num_data)))
+
+    def visits(params, problem, key, batch, step=None):
+        rows = batch[0][:, 0].astype(jnp.int32)
+        return jnp.sum(params[rows])
+
+    def counts(steps, key, members=None):
+        config = OptimizerConfig(_PlainSteps(), steps, schedule="constant", batch_size=batch_size)
+        start = jnp.zeros((num_data,) if members is None else (members, num_data))
+        found = minimize(visits, config, problem, start, key, learning_rate=1.0, label="rows", members=members)
+        return -np.asarray(found.params)
+
+    key = jax.random.PRNGKey(3)
+    totals = [np.zeros(num_data)] + [counts(4 * e, key) for e in range(1, epochs + 1)]
+    per_epoch = np.diff(np.stack(totals), axis=0)
+    assert np.all(np.isin(per_epoch, (0, 1))) and np.all(per_epoch.sum(axis=1) == 20)
+    assert len({tuple(np.flatnonzero(e == 0)) for e in per_epoch}) > 1  # other rows left out each epoch
+    # mid-epoch: the steps of an epoch never repeat a row (6 steps = one epoch and half of the next)
+    assert np.all(counts(6, key) - totals[1] <= 1) and (counts(6, key) - totals[1]).sum() == 10
+    keys = jnp.stack([key, jax.random.PRNGKey(4)])
+    both = counts(8, keys, members=2)
+    np.testing.assert_array_equal(both[0], totals[2])
+    assert not np.array_equal(both[0], both[1]) and both[1].sum() == 40
+
+
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step
 def test_members_spread_over_several_devices_give_the_same_results(cancer):
     # With more than one device (here two CPU devices, set before JAX starts, so in a subprocess)
