@@ -249,3 +249,35 @@ def test_the_matrix_normal_guide_needs_dense_layers(linear_data):
     with pytest.raises(ppl.OptionError, match="matrix_normal' needs the network's dense layers"):
         X, y = linear_data.train
         ppl.fit(program, {"X": X, "y": y}, method="svi", seed=0, guide="matrix_normal")
+
+
+@pytest.mark.parametrize("likelihood, tempering", [("gaussian", "likelihood"), ("gaussian", "cold"), ("bernoulli", "cold")])
+def test_local_reparam_takes_the_weights_prior_side_in_closed_form(likelihood, tempering):
+    """E_q[prior side] of the locally reparameterised ELBO: the closed form over the Gaussian-prior
+    weights (only the noise scale drawn) against whole-weight draws, within 4 Monte Carlo SEs."""
+    import jax
+
+    from ppl.core import curvature
+    from ppl.core.gaussian import Diagonal, Gaussian
+    from ppl.core.objectives import _local_reparam_prior_side, _parts
+    from ppl.core.problem import compile_problem
+    from ppl.models import BNN
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(20, 3))
+    y = (X[:, 0] > 0).astype(float) if likelihood == "bernoulli" else X[:, 0] + 0.1 * rng.normal(size=20)
+    problem = compile_problem(BNN(hidden=(4,), likelihood=likelihood, prior_scale=0.7), (X, y), temperature=0.5,
+                              tempering=tempering)
+    P = problem.num_params
+    family = Gaussian(jnp.asarray(rng.normal(size=P)), Diagonal(jnp.asarray(rng.uniform(0.1, 1.5, P))))
+    n = 200_000
+    whole = np.asarray(_parts(problem, family.sample(jax.random.PRNGKey(1), n), None)[0])
+    draws, closed = _local_reparam_prior_side(problem, family, jax.random.PRNGKey(2), n, None)
+    closed = np.asarray(closed)
+    se = np.sqrt(whole.var() / n + closed.var() / n)
+    assert abs(whole.mean() - closed.mean()) < 4 * se, (whole.mean(), closed.mean(), se)
+    mask = curvature.network_mask(problem)
+    assert mask.sum() == P - (likelihood == "gaussian")
+    np.testing.assert_array_equal(np.asarray(draws)[:, mask], np.broadcast_to(np.asarray(family.loc)[mask], (n, mask.sum())))
+    if likelihood == "bernoulli":  # nothing drawn: the estimate is exact
+        assert np.ptp(closed) == 0

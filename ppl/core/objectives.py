@@ -27,9 +27,10 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import logsumexp
 
-from ppl.core import devices
+from ppl.core import curvature, devices
 __all__ = ["ELBO", "IWAE", "Renyi", "OBJECTIVES", "GuideLoss", "kl_weight", "local_loss", "local_log_weights"]
 
 OBJECTIVES = ("elbo", "iwae", "renyi")
@@ -81,11 +82,10 @@ class ELBO:
             prior, lik = problem.density_parts(family.loc, batch, jacobian=False)
             return -(lik + b * prior)
         if self.local_reparam:
-            # Prior side from whole-weight draws; likelihood from per-datum pre-activation draws. Both
-            # are unbiased, so the ELBO estimate is too (the unused likelihood of the first is dead code).
+            # Prior side in closed form over the weights (or from whole-weight draws); likelihood
+            # from per-datum pre-activation draws. Both are unbiased, so the ELBO estimate is too.
             weight_key, activation_key = jax.random.split(key)
-            draws = family.sample(weight_key, self.num_particles)
-            prior, _ = _parts(problem, draws, batch)
+            draws, prior = _local_reparam_prior_side(problem, family, weight_key, self.num_particles, batch)
             keys = jax.random.split(activation_key, self.num_particles)
             loc, scale = family.loc, family.cov.scale
             lik = jax.vmap(lambda u, k: problem.local_reparam_log_likelihood(loc, scale, u, k, batch))(draws, keys)
@@ -97,6 +97,35 @@ class ELBO:
         draws, log_q = _draws(family, key, self.num_particles)
         prior, lik = _parts(problem, draws, batch)
         return -jnp.mean(lik + b * (prior - log_q))
+
+
+def _local_reparam_prior_side(problem, family, key, n: int, batch):
+    """``(draws, prior side at each)`` for the locally reparameterised ELBO of a mean-field guide.
+
+    With a zero-mean Gaussian prior on every weight and bias (``ppl.models``' default), the weights'
+    part of E_q[prior side] has a closed form: log p is quadratic in them, so under q = N(μ, s²) its
+    expectation is its value at μ minus ½ Σ α_i s_i², with α_i the prior precision. Only the other
+    coordinates (a noise scale) are drawn; the weights stay at μ, where the likelihood never reads
+    them (it draws pre-activations from q's moments). A step then draws K numbers per coordinate
+    that is not a weight instead of K per weight: on a 300,000-weight network, drawing 8 × P
+    normals had been a quarter of the step. Any other prior: whole-weight draws, as the plain ELBO.
+    """
+    mask = curvature.network_mask(problem)
+    if not problem.model.gaussian_prior or not mask.any():
+        draws = family.sample(key, n)
+        return draws, _parts(problem, draws, batch)[0]
+    loc, scale = family.loc, family.cov.scale
+    rest = np.flatnonzero(~mask)
+    noise = jax.random.normal(key, (n, rest.size), loc.dtype)
+    draws = jnp.broadcast_to(loc, (n, loc.size)).at[:, rest].add(scale[rest][None] * noise)
+    if rest.size:
+        prior = _parts(problem, draws, batch)[0]
+    else:  # every draw is μ: one evaluation serves all
+        prior = jnp.broadcast_to(problem.density_parts(loc, batch)[0], (n,))
+    # α does not depend on where a Gaussian prior's Hessian is taken: no gradient through it
+    precision = jax.lax.stop_gradient(curvature.prior_precision_diagonal(problem, loc))
+    spread = jnp.sum(jnp.where(jnp.asarray(mask), precision * jnp.square(scale), 0.0))
+    return draws, prior - 0.5 * problem.weights(batch)[0] * spread
 
 
 def _log_weights(guide, params, problem, key, batch, step, beta, kl_warmup, k, stop_gradient=False):
