@@ -6,9 +6,10 @@ against the float32 matrix-product peak measured in the same process.
 The network is a 64-W-W-10 ReLU BNN on the digits (1438 training rows, 10 classes), W from 64 to
 1024, at minibatch sizes 64 and 256 and the full batch. One training step of one weight draw costs
 about 6·B·P floating-point operations (forward 2·B·P, backward 4·B·P, for B rows and P weights);
-SVI takes 8 draws (particles) per step, MAP one; ``svi-local`` is SVI with ``local_reparam=True``. The time per step is the difference between two
-warm fits of different lengths divided by their difference in steps, so that what a fit does once
-(setting up, drawing from q, the diagnostics) cancels.
+SVI takes 8 draws (particles) per step, MAP one; ``svi-local`` is SVI with ``local_reparam=True``.
+The time per step is the difference between two warm fits of different lengths divided by their
+difference in steps, so that what a fit does once (setting up, drawing from q, the diagnostics)
+cancels.
 """
 
 from __future__ import annotations
