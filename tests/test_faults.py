@@ -484,6 +484,17 @@ def _stop(child, signum: int, timeout_s: float = 120) -> tuple[str, float]:
     return err, time.perf_counter() - sent
 
 
+@pytest.fixture
+def terminal_sigint():
+    """Ctrl-C's disposition in a terminal for an in-process test: pytest started as a shell's
+    background job (``nohup pytest &``) inherits SIGINT ignored, which ppl rightly leaves alone, and
+    a raised SIGINT would then never reach it."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+@pytest.mark.usefixtures("terminal_sigint")
 def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkeypatch, capsys):
     from ppl.cli import fit as cli_fit
 
@@ -511,6 +522,7 @@ def test_a_ctrl_c_dropped_by_a_callback_still_stops_the_command(tmp_path, monkey
     assert not out.exists()  # stopped before the folder was touched
 
 
+@pytest.mark.usefixtures("terminal_sigint")
 @pytest.mark.parametrize("where, presses", [("diagnostics", 1), ("metrics", 1), ("diagnostics", 2)])
 def test_ctrl_c_after_the_fit_saves_it_says_what_was_skipped_and_exits_130(tmp_path, monkeypatch, capsys, where, presses):
     import ppl.core.posterior
