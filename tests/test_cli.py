@@ -87,14 +87,14 @@ def test_the_methods_listing_is_the_classes_own():
     assert METHODS_TEXT == methods_text(), "ppl/_methods_text.py is stale: run `python -m ppl._catalogue`"
 
 
-def test_listing_commands_answer_without_loading_jax():
+def test_listing_commands_and_usage_errors_answer_without_loading_jax():
     import subprocess
     import sys
 
     code = (
         "import sys\n"
         "from ppl.cli import main\n"
-        "for argv in (['--help'], ['fit', '--help'], ['--version'], ['datasets'], ['methods']):\n"
+        "for argv in (['--help'], ['fit', '--help'], ['--version'], ['datasets'], ['methods'], ['fit', '--model', 'bnn']):\n"
         "    try:\n"
         "        main(argv)\n"
         "    except SystemExit:\n"
@@ -104,6 +104,7 @@ def test_listing_commands_answer_without_loading_jax():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert "cyclical_sgld" in result.stdout and "breast_cancer" in result.stdout
+    assert "ppl fit: error: ppl fit needs --model and --data" in result.stderr
 
 
 @pytest.mark.slow  # moved out of the default run to keep it under 15 minutes; CI runs it in the slow step

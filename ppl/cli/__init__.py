@@ -12,7 +12,7 @@ import importlib
 import os
 import sys
 
-from ppl.cli._arguments import UsageError, build_parser, parse_arguments
+from ppl.cli._arguments import UsageError, build_parser, parse_arguments, require_model_and_data
 from ppl.core import interrupt
 from ppl.core.cache import use_compilation_cache
 from ppl.core.errors import DataError, MemoryBudgetError, NonFiniteError, OptionError, ResumeError, RunError
@@ -34,6 +34,8 @@ def main(argv=None) -> int:
         try:
             args = parse_arguments(build_parser(), argv)
             name = f"ppl {args.command}"
+            if args.command == "fit" and not args.resume:
+                require_model_and_data(args)  # before the command's module loads JAX: answered at once
             if not getattr(args, "no_cache", True):
                 use_compilation_cache()
             module, function = COMMANDS[args.command]

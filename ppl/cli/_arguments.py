@@ -63,6 +63,12 @@ def parse_arguments(parser: argparse.ArgumentParser, argv=None) -> argparse.Name
                   f"{', '.join(flags)}")
 
 
+def require_model_and_data(args) -> None:
+    """``ppl fit`` fits nothing without both (a resumed run takes them from the run it continues)."""
+    if args.model is None or args.data is None:
+        raise UsageError("ppl fit needs --model and --data (or --resume DIR to continue a run)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ppl", description="Bayesian inference for neural-network weights.")
     parser.add_argument("--version", action="version", version=f"ppl {_version()}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ppl.cli._arguments import MODELS, TASKS, UsageError
+from ppl.cli._arguments import MODELS, TASKS, UsageError, require_model_and_data
 from ppl.core import interrupt, progress
 from ppl.core.errors import MemoryBudgetError, NonFiniteError, ResumeError, RunError
 from ppl.core.keys import derived_key
@@ -31,8 +31,7 @@ def run(args) -> int:
 
     if args.resume:
         _apply_resume(args)
-    if args.model is None or args.data is None:
-        raise UsageError("ppl fit needs --model and --data (or --resume DIR to continue a run)")
+    require_model_and_data(args)
     args.method = args.method or "nuts"
     args.seed = 0 if args.seed is None else args.seed
     method_cls = registry.get(args.method)
