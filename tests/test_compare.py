@@ -183,6 +183,16 @@ def test_cli_writes_a_report_with_its_figures(moons_report, capsys):
     assert "is not a Markov-chain sampler" in page  # the reference laplace is not a sampler
 
 
+def test_cli_compare_hides_its_progress_lines_on_request(tmp_path, monkeypatch):
+    # as ``ppl fit --no-progress`` does; the comparison's own log is still printed
+    asked = []
+    monkeypatch.setattr(progress, "enable", asked.append)
+    argv = ["compare", "--model", "linear", "--data", "linear", "--methods", "exact", "--reference", "none"]
+    assert main([*argv, "--out", str(tmp_path / "a"), "--no-progress"]) == 0
+    assert main([*argv, "--out", str(tmp_path / "b")]) == 0
+    assert asked == [False, "lines"]
+
+
 def test_cli_refuses_bad_input_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     assert main(["compare", "--methods", "map,bogus"]) == 2

@@ -138,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     comp.add_argument("--out", help="report folder (default: a new runs/compare-<data>-<model>-seed<N>[-K] folder)")
     comp.add_argument("--force", action="store_true", help="replace the report (or unfinished comparison) in --out")
+    comp.add_argument("--no-progress", action="store_true",
+                      help="hide the progress lines of each fit (the comparison's own log stays)")
     comp.add_argument(
         "--resume", metavar="DIR",
         help="continue the comparison that Ctrl-C stopped in DIR: the fits it finished are reused, the one it "

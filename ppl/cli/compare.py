@@ -85,7 +85,8 @@ def run(args) -> int:
             store.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])
         elif not (out / store.COMPARISON_MANIFEST).exists():
             store.write_comparison_manifest(out, "unfinished", [INVOCATION, FITS])  # started by an older ppl
-        progress.enable("lines")  # a line on stderr every few seconds beside the comparison's own log
+        # a line on stderr every few seconds beside the comparison's own log, unless --no-progress
+        progress.enable(False if args.no_progress else "lines")
         started = time.perf_counter()
         try:
             result = ppl.compare(model, data, methods=methods, reference=reference, seed=args.seed, options=options,
