@@ -10,7 +10,7 @@ from ppl.diagnostics import _arviz
 from ppl.diagnostics._arviz import psis
 from ppl.diagnostics.convergence import max_rhat, min_ess
 from ppl.diagnostics.dispersion import THRESHOLD, dispersion_min
-from ppl.diagnostics.heldout import LEVEL, coverage_band, heldout_scores
+from ppl.diagnostics.heldout import COVERAGE_SLACK, LEVEL, TAIL, coverage_range, heldout_scores
 from ppl.diagnostics.psis import khat, khat_threshold, psis_loo
 
 __all__ = ["compute_diagnostics", "to_inference_data", "convergence_shortfall"]
@@ -586,12 +586,18 @@ def _heldout_checks(posterior, found: Findings, nonfinite: int) -> None:
     )
     if regression:
         record.heldout_coverage_90 = scores["coverage"]
-        band = coverage_band(scores["targets"])
+        coverage, targets = scores["coverage"], scores["targets"]
+        low, high = coverage_range(targets)
+        wide = coverage > LEVEL
+        why = (f"intervals that miss {1 - LEVEL - COVERAGE_SLACK:.0%} of the targets would leave so few misses "
+               f"with probability under {TAIL:.2%}" if wide
+               else f"3 binomial standard errors plus {COVERAGE_SLACK:.0%} under 90%")
         found.check(
-            "heldout_coverage_90", scores["coverage"], band, abs(scores["coverage"] - LEVEL) <= band,
-            f"{scores['coverage']:.0%} of {scores['targets']} held-out targets lie in their central 90% predictive "
-            f"intervals, outside 90% ± {band:.0%} (3 binomial standard errors plus {0.05:.0%}): the predictive "
-            f"spread is {'too narrow' if scores['coverage'] < LEVEL else 'too wide'} — {_next_step(posterior, 'heldout')}",
+            "heldout_coverage_90", coverage, high if wide else low, low <= coverage <= high,
+            f"{coverage:.1%} of {targets} held-out targets lie in their central 90% predictive intervals, "
+            f"{'above' if wide else 'below'} the {high if wide else low:.1%} a calibrated predictive allows ({why}): "
+            f"the predictive spread is {'too wide' if wide else 'too narrow'} — "
+            f"{_next_step(posterior, 'heldout_wide' if wide else 'heldout')}",
         )
     else:
         found.note("heldout_coverage_90", "classification: no predictive interval (see the log-likelihood)")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from ppl.core.errors import OptionError, RunError
-from ppl.diagnostics.heldout import _baseline_classification, _baseline_regression, coverage_band
+from ppl.diagnostics.heldout import TAIL, _baseline_classification, _baseline_regression, coverage_range
 from ppl.models import BNN
 import ppl
 
@@ -53,7 +53,19 @@ def test_baselines_and_the_coverage_band_by_hand():
     labels = np.array([0, 0, 0, 1])  # add-one smoothed: (4/6, 2/6), and a third class never seen: 1/7
     np.testing.assert_allclose(_baseline_classification(labels, np.array([0, 1]), 2), np.log([4 / 6, 2 / 6]), rtol=1e-12)
     np.testing.assert_allclose(_baseline_classification(labels, np.array([2]), 3), np.log([1 / 7]), rtol=1e-12)
-    assert coverage_band(100) == pytest.approx(3 * 0.03 + 0.05, rel=1e-12)
+    # too narrow: 3 binomial SEs plus 0.05 under 0.9; too wide: fewer misses than intervals missing
+    # 5% leave with probability TAIL. With 100 targets even none missed is plausible (0.95^100 =
+    # 0.0059); with 200, one miss or none has probability 0.95^200 + 200·0.05·0.95^199 = 4.0e-4 <
+    # TAIL and two or fewer 2.4e-3, so the most that may be covered is 198 of 200
+    assert coverage_range(100) == pytest.approx((0.9 - (3 * 0.03 + 0.05), 1.0), rel=1e-12)
+    at_most_one = 0.95**200 + 200 * 0.05 * 0.95**199
+    at_most_two = at_most_one + 200 * 199 / 2 * 0.05**2 * 0.95**198
+    assert at_most_one < TAIL <= at_most_two
+    low, high = coverage_range(200)
+    assert low == pytest.approx(0.9 - (3 * math.sqrt(0.09 / 200) + 0.05), rel=1e-12) and high == 198 / 200
+    # the normal approximation's upper bound, 0.95 + 3·√(0.09/n), lies above 1 up to n = 324; the
+    # exact tail does not: on 1,193 rows (UCI naval) coverage 0.972 is too wide
+    assert coverage_range(1193)[1] < 0.972 < 0.95 + 3 * math.sqrt(0.09 / 1193)
 
 
 def test_a_collapsed_noise_scale_is_never_trustworthy_on_held_out_rows(collapsed, rows):
@@ -79,9 +91,22 @@ def test_the_default_tunes_the_prior_and_noise_by_the_evidence_and_generalises(t
     assert tuned.problem.model.noise_scale == pytest.approx(sigma)
     record = tuned.with_heldout(*test).diagnostics()
     assert record.heldout_ll > record.heldout_baseline_ll + 0.5
-    assert abs(record.heldout_coverage_90 - 0.9) <= coverage_band(200)
+    low, high = coverage_range(200)
+    assert low <= record.heldout_coverage_90 <= high
     assert record.ok, record.warnings
     assert "judged as the posterior with" in record.verdict() and "prior_precision='auto'" in record.verdict()
+
+
+def test_intervals_far_too_wide_for_the_held_out_rows_fail(tuned, rows):
+    # the same inputs with targets pulled to a tenth of their distance from the predictive mean:
+    # every one lies inside its 90% interval, which 200 targets of a calibrated predictive (or of
+    # one covering 95%) leave with probability under TAIL
+    (X, y) = rows[1]
+    mean = tuned.predict(X, seed=0).mean
+    record = tuned.with_heldout(X, mean + 0.1 * (y - mean)).diagnostics()
+    assert record.heldout_coverage_90 == 1.0 and not record.ok
+    assert [c.field for c in record.failed] == ["heldout_coverage_90"]
+    assert "too wide" in record.verdict() and "above the 99.0%" in record.verdict() and "ppl.conformal" in record.verdict()
 
 
 def test_held_out_rows_are_saved_and_the_check_recomputed_on_load(collapsed, rows, tmp_path):

@@ -66,7 +66,7 @@ class Method:
     def remedy(cls, posterior, topic: str) -> str:
         """What to try when a check fails, in the method's own options. ``topic``: ``"fit"`` (the
         approximation misses the posterior: k-hat), ``"mixing"`` (R-hat or ESS), ``"steps"`` (the
-        optimisation did not converge), ``"temperature"`` (SG-MCMC draws hotter than the target), ``"cold"`` (colder: too concentrated), ``"heldout"`` (the predictive fails on held-out rows). Methods override it with advice about their options."""
+        optimisation did not converge), ``"temperature"`` (SG-MCMC draws hotter than the target), ``"cold"`` (colder: too concentrated), ``"heldout"`` (the predictive fails on held-out rows), ``"heldout_wide"`` (its intervals are wider than the held-out errors). Methods override it with advice about their options."""
         if topic == "fit":
             return "try method='nuts' (or a richer approximation)"
         if topic == "mixing":
@@ -79,6 +79,13 @@ class Method:
             return (
                 "the fit over-fits its training rows (a noise scale shrunk to the training residual, or a prior too weak "
                 "for the data) or did not reach its posterior: compare method='nuts', or set a stronger prior"
+            )
+        if topic == "heldout_wide":
+            return (
+                "the spread exceeds the held-out errors (a Gaussian noise scale fitted to heavy-tailed residuals, or "
+                "members or draws that disagree more than the data warrant): compare method='map' or 'laplace', and for "
+                "intervals with guaranteed coverage calibrate them on held-out rows with ppl.conformal(post, (X, y), "
+                "seed=0) (ppl calibrate RUN --data ROWS --alpha 0.1)"
             )
         steps = (posterior.options or {}).get("steps")
         return f"raise steps{f' (now {steps})' if steps else ''}, or adjust learning_rate"

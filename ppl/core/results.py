@@ -283,7 +283,7 @@ _CHECK_LABELS = {
     "psis_mean_shift": ("PSIS mean shift (sds)", "≤", ".2f"),
     "psis_sd_ratio": ("PSIS sd ratio", "within", ".2f"),
     "heldout_ll": ("held-out log-likelihood", "≥ baseline", ".3g"),
-    "heldout_coverage_90": ("held-out 90% coverage", "within ±", ".2f"),
+    "heldout_coverage_90": ("held-out 90% coverage", "within", ".3f"),
 }
 
 
@@ -298,7 +298,7 @@ def _describe_check(check: Check) -> str:
     if check.field == "temperature":
         return f"{label} {check.value:.3g} within [{THRESHOLDS['temperature_low']:g}, {THRESHOLDS['temperature']:g}]"
     if check.field == "heldout_coverage_90":
-        return f"{label} {check.value:.2f} (0.9 ± {check.threshold:.2f})"
+        return f"{label} {check.value:.3f} ({'≤' if check.value > 0.9 else '≥'} {check.threshold:.3f})"
     if check.field == "khat" and check.value == float("-inf"):
         return "q equals the posterior (constant log p − log q)"
     return f"{label} {check.value:{number}} {comparison} {check.threshold:{number if number != '.0f' else 'd'}}"
