@@ -171,7 +171,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         if saved.get(method) == "complete":
             # a declarative model is rebuilt from the saved configuration; a program or a network is passed back
             rebuilt = hasattr(model, "to_config") and not isinstance(model.bind(*train), Network)
-            result.posteriors[method] = ppl.load(path, model=None if rebuilt else model)
+            result.posteriors[method] = _judged_on(ppl.load(path, model=None if rebuilt else model), test)
             log(f"{method}: the fit saved in {path} is reused")
             continue
         resume = path if saved.get(method) == "partial" else None
@@ -190,6 +190,9 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             result.rows.append(_failed_row(method, f"the fit failed: {_said(error)}", time.perf_counter() - start))
             log(f"  {method} failed: {_said(error)}")
             continue
+        # judged on the test rows from here on: the fit saved below carries them (so ppl show reaches the
+        # comparison's verdict), and the diagnostics it computes are the ones the scoring reads
+        posterior = _judged_on(posterior, test)
         if path is not None:
             store.save_posterior(posterior, path)
         if posterior.status.interrupted:
@@ -328,10 +331,7 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
     for method, posterior in result.posteriors.items():
         row = _failed_row(method, None, posterior.wall_time_s)
         try:
-            if test is not None and _supervised(posterior):
-                # the verdict also judges the predictive on the test rows (better than a trivial baseline,
-                # honest 90% intervals): an over-fitted posterior that its own draws cannot expose is caught here
-                posterior = posterior.with_heldout(test.X, test.y)
+            posterior = _judged_on(posterior, test)
             _diagnostic_columns(row, posterior.diagnostics())
             if test is not None:
                 prediction = posterior.predict(test.X, seed=seed)
@@ -371,6 +371,21 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
         for entry in result.elpd:
             row = result.row(entry["method"])
             row["elpd_diff"], row["elpd_diff_se"] = entry["elpd_diff"], entry["dse"]
+
+
+def _judged_on(posterior, test):
+    """``posterior`` with the test rows held out, so that its verdict also judges the predictive on
+    them (better than a trivial baseline, honest 90% intervals): an over-fitted posterior that its
+    own draws cannot expose is caught there. Unchanged without test rows, for a model that predicts
+    no targets, or when it already holds these rows (its cached diagnostics are then kept)."""
+    if test is None or not _supervised(posterior):
+        return posterior
+    held = posterior.heldout
+    X, y = np.asarray(test.X), np.asarray(test.y)
+    if held is not None and held[0].shape == X.shape and np.array_equal(held[0], X.astype(held[0].dtype)) \
+            and np.array_equal(held[1], y):
+        return posterior
+    return posterior.with_heldout(X, y)
 
 
 def _supervised(posterior) -> bool:
