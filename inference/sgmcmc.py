@@ -59,7 +59,7 @@ from ppl.core.data import check_batch_size
 from ppl.core.errors import NonFiniteError, OptionError, ResumeError
 from ppl.core.extend import DEFAULT_TIME_BUDGET, Extension, check_time_budget, restored_halving
 from ppl.core.loop import SamplerLoop, drive
-from ppl.core.method import Method, check_choice, check_positive, check_positive_int
+from ppl.core.method import Method, check_choice, check_positive, check_positive_int, extended_remedy
 from ppl.core.posterior import Posterior
 from ppl.core.records import ChainStats, RunStatus
 from ppl.inference.ensemble import train_members
@@ -115,6 +115,26 @@ class Whitening(NamedTuple):
 
 
 DENSE_LIMIT = 1000  # parameters up to which the whitening is dense
+
+
+def _time_covered(posterior, bias: str) -> str:
+    """How far a run's chains could travel, in words: the sampling steps behind each chain's draws
+    times the step ε is the time they span in the whitened frame, where the widest directions have
+    unit curvature at the point the frame was measured (a Langevin diffusion relaxes along them in
+    about one unit); "" when the run's record lacks the numbers (a cyclical step, which changes
+    within each cycle)."""
+    info, options = getattr(posterior, "info", None) or {}, getattr(posterior, "options", None) or {}
+    given = options.get("step_size")
+    step, curvature, thinning = given or info.get("step_size"), info.get("curvature"), options.get("thinning")
+    draws = np.shape(getattr(posterior, "flat_draws", None))
+    if not (isinstance(step, float) and isinstance(curvature, float) and isinstance(thinning, int) and len(draws) == 3):
+        return ""
+    steps = draws[1] * thinning
+    why = ("as given (step_size)" if given else
+           f"held that small by the largest whitened curvature, λ = {curvature:.3g}, as a step's bias grows with {bias}")
+    return (f"each chain's draws come from {steps:,} steps of ε = {step:.2g}, {steps * step:.3g} units of time in its "
+            f"whitened frame (where the posterior's widest directions have unit curvature, and relax in about one unit); "
+            f"ε is {why}; ")
 
 
 @partial(jax.jit, static_argnames=("dense",))
@@ -610,6 +630,8 @@ class _SGMCMC(WhitenedChains):
     """Minibatch gradient chains: a step size (whitened units, None chooses it) and a batch size."""
 
     adapt_windows: ClassVar[int] = 3
+    # what a step's bias grows with, for the mixing remedy (None: the step changes within the run)
+    step_bias: ClassVar[str | None] = None
 
     step_size: float | None = None
     batch_size: int | None = None
@@ -621,6 +643,16 @@ class _SGMCMC(WhitenedChains):
             check_positive(self.name, "step_size", self.step_size)
         if self.batch_size is not None:
             check_positive_int(self.name, "batch_size", self.batch_size)
+
+    @classmethod
+    def remedy(cls, posterior, topic):
+        if topic == "mixing":
+            # Not "lower step_size" (the generic advice): a chain that has not mixed needs more time, and a
+            # smaller step buys less of it per step.
+            other = "" if cls.name == "sghmc" else "method='sghmc' (its momentum travels where Langevin steps diffuse) or "
+            covered = _time_covered(posterior, cls.step_bias) if cls.step_bias else ""
+            return covered + extended_remedy(posterior, f"raise num_samples, or use {other}method='nuts'")
+        return super().remedy(posterior, topic)
 
     def _resolved(self, steps) -> dict:
         if self.step_size is not None:
@@ -947,6 +979,7 @@ class SGLD(_SGMCMC):
     ``thinning`` steps per stored draw, after ``num_warmup`` steps."""
 
     name: ClassVar[str] = "sgld"
+    step_bias: ClassVar[str] = "ε λ"
     description: ClassVar[str] = "stochastic gradient Langevin dynamics on minibatches (BlackJAX kernel), several chains"
 
     # 50 steps per stored draw, as sghmc: at a step stable where the posterior is sharpest the chains
@@ -995,6 +1028,7 @@ class SGHMC(_SGMCMC):
     R-hat 2.2; these pass R-hat and ESS in one round, within total variation 0.001 of NUTS."""
 
     name: ClassVar[str] = "sghmc"
+    step_bias: ClassVar[str] = "ε √λ"
     description: ClassVar[str] = "stochastic gradient Hamiltonian Monte Carlo with friction on minibatches, several chains"
 
     thinning: int = 50

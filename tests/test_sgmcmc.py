@@ -99,6 +99,20 @@ def test_a_diverging_step_stays_finite_and_fails_the_verdict(linear_model, linea
     assert not diag.ok and any("inflate the stationary variance" in w for w in diag.warnings)
 
 
+def test_a_step_too_small_to_mix_is_told_in_time_covered_not_told_to_shrink(linear_model, linear_data):
+    # 100 draws × 50 steps of ε = 1e-5 span 0.05 units of whitened time, where the posterior relaxes
+    # in about one: the chains stay where they started. The advice was "lower step_size", which
+    # would slow them further.
+    post = ppl.fit(linear_model, linear_data.train, method="sgld", seed=0, step_size=1e-5, num_warmup=100,
+                   num_samples=100, time_budget=0)
+    diag = post.diagnostics()
+    mixing = [w for w in diag.warnings if "chains disagree" in w or "effective draws" in w or "noisy" in w]
+    assert not diag.ok and mixing
+    for warning in mixing:
+        assert "5,000 steps of ε = 1e-05, 0.05 units of time" in warning and "lower step_size" not in warning
+        assert "method='sghmc'" in warning
+
+
 def test_cold_chains_are_flagged_and_the_default_cycles_keep_their_noise(linear_model, linear_data, linear_truth):
     # the paper's cyclical SGLD descends without noise in each cycle's first 80%: its draws sat nearer
     # the mode (sd ratios 0.85-0.86 against the exact posterior, temperature 0.74 measured 2026-12-06)
