@@ -56,6 +56,19 @@ def test_ok_and_the_warnings_never_contradict_each_other():
     assert failed.verdict() == "verdict: NOT trustworthy — k-hat 1.53 > 0.70: far — try nuts (and 1 more failed check(s), listed above)"
 
 
+def test_a_passed_two_sided_check_names_the_bound_on_its_value_s_side():
+    # the sd ratio and the held-out coverage store the bound on the value's side; the verdict read
+    # "PSIS sd ratio 0.95 within 0.70"
+    record = Diagnostics(method="laplace", num_chains=1, num_draws=1000, checks=[
+        Check("psis_sd_ratio", 0.95, 0.70, True, ""), Check("psis_sd_ratio", 1.2, 1.43, True, ""),
+        Check("heldout_coverage_90", 0.84, 0.786, True, ""), Check("heldout_coverage_90", 0.95, 0.99, True, ""),
+    ])
+    assert record.verdict() == (
+        "verdict: trustworthy — PSIS sd ratio 0.95 (≥ 0.70), PSIS sd ratio 1.20 (≤ 1.43), held-out 90% coverage "
+        "0.840 (≥ 0.786), held-out 90% coverage 0.950 (≤ 0.990)"
+    )
+
+
 def test_a_note_shared_by_several_fields_is_written_once(linear_model, linear_data):
     text = ppl.fit(linear_model, linear_data.train, method="exact", seed=0).diagnostics().table()
     note = "draws are independent samples from the fitted approximation q, not Markov chains"

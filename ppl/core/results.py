@@ -297,6 +297,8 @@ def _describe_check(check: Check) -> str:
         return f"{label} {check.value:.3g} ≥ baseline {check.threshold:.3g}"
     if check.field == "temperature":
         return f"{label} {check.value:.3g} within [{THRESHOLDS['temperature_low']:g}, {THRESHOLDS['temperature']:g}]"
+    if check.field == "psis_sd_ratio":  # the threshold is the bound on the value's side of 1
+        return f"{label} {check.value:.2f} ({'≥' if check.value < 1 else '≤'} {check.threshold:.2f})"
     if check.field == "heldout_coverage_90":
         return f"{label} {check.value:.3f} ({'≤' if check.value > 0.9 else '≥'} {check.threshold:.3f})"
     if check.field == "khat" and check.value == float("-inf"):
