@@ -69,6 +69,15 @@ def test_a_passed_two_sided_check_names_the_bound_on_its_value_s_side():
     )
 
 
+def test_the_record_s_values_share_one_column():
+    # heldout_baseline_ll, one character longer than the old width, pushed its value out of line
+    record = Diagnostics(method="map", num_chains=1, num_draws=1, heldout_ll=-0.06, heldout_baseline_ll=-0.70,
+                         checks=[Check("heldout_ll", -0.06, -0.70, True, "")])
+    rows = [row for row in record.table().splitlines()[1:] if row.startswith("  ") and not row.startswith("  [")]
+    starts = {len(row) - len(row[2:].split(" ", 1)[1].lstrip()) for row in rows}
+    assert len(rows) > 20 and len(starts) == 1, rows
+
+
 def test_a_note_shared_by_several_fields_is_written_once(linear_model, linear_data):
     text = ppl.fit(linear_model, linear_data.train, method="exact", seed=0).diagnostics().table()
     note = "draws are independent samples from the fitted approximation q, not Markov chains"

@@ -247,6 +247,7 @@ class Diagnostics:
                 shared.setdefault(note, []).append(name)
         numbered = {note: i + 1 for i, note in enumerate(n for n, names in shared.items() if len(names) > 1)}
         rows = [f"Diagnostics — {self.method} ({self.num_chains} chain(s) × {self.num_draws} draws)"]
+        width = max(len(f.name) for f in fields(self) if f.name != "elpd_loo_pointwise")  # heldout_baseline_ll
         for f in fields(self):
             if f.name in ("method", "num_chains", "num_draws", "warnings", "notes", "ok", "checks", "elpd_loo_pointwise"):
                 continue
@@ -260,8 +261,8 @@ class Diagnostics:
                 shown = f"{value:.4g}"
             else:
                 shown = str(value)
-            rows.append(f"  {f.name:<18} {shown}")
-        rows.append(f"  {'ok':<18} {self.ok}")
+            rows.append(f"  {f.name:<{width}} {shown}")
+        rows.append(f"  {'ok':<{width}} {self.ok}")
         rows.extend(f"  [{i}] {note}" for note, i in numbered.items())
         # the first failed check's message is the verdict's; it is not repeated as a warning
         said = self.failed[0].message if self.failed else None
