@@ -589,15 +589,19 @@ def _heldout_checks(posterior, found: Findings, nonfinite: int) -> None:
         coverage, targets = scores["coverage"], scores["targets"]
         low, high = coverage_range(targets)
         wide = coverage > LEVEL
-        why = (f"intervals that miss {1 - LEVEL - COVERAGE_SLACK:.0%} of the targets would leave so few misses "
-               f"with probability under {TAIL:.2%}" if wide
-               else f"3 binomial standard errors plus {COVERAGE_SLACK:.0%} under 90%")
+        missed = round((1.0 - coverage) * targets)
+        if wide:
+            finding = (f"only {missed} of {targets} held-out targets fall outside their central 90% predictive intervals "
+                       f"(coverage {coverage:.2%}): intervals that miss {1 - LEVEL - COVERAGE_SLACK:.0%} of the targets "
+                       f"would miss so few with probability under {TAIL:g}, so the allowed coverage is at most "
+                       f"{high:.2%}: the predictive spread is too wide")
+        else:
+            finding = (f"{coverage:.1%} of {targets} held-out targets lie in their central 90% predictive intervals, "
+                       f"below the {low:.1%} allowed (3 binomial standard errors plus {COVERAGE_SLACK:.0%} under 90%): "
+                       "the predictive spread is too narrow")
         found.check(
             "heldout_coverage_90", coverage, high if wide else low, low <= coverage <= high,
-            f"{coverage:.1%} of {targets} held-out targets lie in their central 90% predictive intervals, "
-            f"{'above' if wide else 'below'} the {high if wide else low:.1%} a calibrated predictive allows ({why}): "
-            f"the predictive spread is {'too wide' if wide else 'too narrow'} — "
-            f"{_next_step(posterior, 'heldout_wide' if wide else 'heldout')}",
+            f"{finding} — {_next_step(posterior, 'heldout_wide' if wide else 'heldout')}",
         )
     else:
         found.note("heldout_coverage_90", "classification: no predictive interval (see the log-likelihood)")
