@@ -171,7 +171,7 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         if saved.get(method) == "complete":
             # a declarative model is rebuilt from the saved configuration; a program or a network is passed back
             rebuilt = hasattr(model, "to_config") and not isinstance(model.bind(*train), Network)
-            result.posteriors[method] = _judged_on(ppl.load(path, model=None if rebuilt else model), test)
+            result.posteriors[method] = ppl.load(path, model=None if rebuilt else model)
             log(f"{method}: the fit saved in {path} is reused")
             continue
         resume = path if saved.get(method) == "partial" else None
@@ -192,7 +192,10 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
             continue
         # judged on the test rows from here on: the fit saved below carries them (so ppl show reaches the
         # comparison's verdict), and the diagnostics it computes are the ones the scoring reads
-        posterior = _judged_on(posterior, test)
+        try:
+            posterior = _judged_on(posterior, test)
+        except Exception:  # rows it cannot take: the fit is saved as it is, and the scoring's row says why
+            pass
         if path is not None:
             store.save_posterior(posterior, path)
         if posterior.status.interrupted:
@@ -331,7 +334,7 @@ def _score(result: Comparison, test, ood, seed, dataset) -> None:
     for method, posterior in result.posteriors.items():
         row = _failed_row(method, None, posterior.wall_time_s)
         try:
-            posterior = _judged_on(posterior, test)
+            posterior = result.posteriors[method] = _judged_on(posterior, test)
             _diagnostic_columns(row, posterior.diagnostics())
             if test is not None:
                 prediction = posterior.predict(test.X, seed=seed)
@@ -547,6 +550,7 @@ _FLAGS = (
     ("variance_inflation", "step size: the draws are spread wider than the posterior"),
     ("dispersion", "under-dispersion: the approximation is narrower than the curvature allows"),
     ("psis", "moments: importance weights move the approximation's mean or sd"),
+    ("heldout_coverage", "held-out intervals: the 90% intervals cover too few or too many test targets"),
     ("heldout", "held-out data: the predictive does worse than a trivial baseline"),
     ("divergences", "divergences: the sampler could not follow the posterior's curvature"),
 )

@@ -158,6 +158,19 @@ def test_each_fit_is_judged_on_the_test_rows_once_and_saved_with_them(monkeypatc
     assert saved.diagnostics().heldout_ll == pytest.approx(result.posteriors["map"].diagnostics().heldout_ll, rel=1e-9)
 
 
+def test_test_rows_a_fit_cannot_be_judged_on_fail_its_row_not_the_comparison(tmp_path):
+    # the rows are attached right after each fit, before it is saved: rows they refuse must not stop
+    # the comparison nor lose the fit
+    data = ppl.datasets.load("linear", seed=0)
+    y = np.array(data.test.y, dtype=float)
+    y[0] = np.nan
+    result = ppl.compare(LinearRegression(noise_scale=0.5), data.train, test=(data.test.X, y), methods=["exact", "map"],
+                         reference="exact", seed=0, fits=tmp_path / "fits")
+    for row in result.rows:
+        assert row["error"].startswith("scoring failed: held-out data y has 1 non-finite values"), row
+    assert ppl.load(tmp_path / "fits" / "map").status.converged
+
+
 def test_unknown_method_is_refused_before_anything_is_fitted(monkeypatch):
     def no_fit(*args, **kwargs):
         raise AssertionError("nothing may be fitted")
