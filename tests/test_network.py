@@ -168,6 +168,30 @@ def test_methods_run_and_their_diagnostics_compute():
             assert linear.probs.shape == (X.shape[0], 3)
 
 
+def test_a_saved_run_judged_on_held_out_rows_is_judged_the_same_without_its_forward_pass(tmp_path):
+    # ppl show reads a Network's run without importing its forward pass: the held-out checks (from
+    # validation=, or ppl.compare's test rows) are decided again from the saved figures and rows
+    from ppl.diagnostics.heldout import coverage_range
+    from ppl.io.load import saved_diagnostics
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(120, 3))
+    y = X[:, 0] + 0.3 * rng.normal(size=120)
+    post = ppl.fit(Network(mlp, template(3, 1), likelihood="gaussian"), (X, y), method="map", seed=0, validation=0.2)
+    mean = post.predict(X[:24], seed=0).mean
+    verdicts = []
+    for spread in (0.01, 10.0):  # targets far inside their intervals, then far outside
+        held = post.with_heldout(X[:24], mean + spread * (y[:24] - mean))
+        held.save(tmp_path / f"run{spread}")
+        record, again = held.diagnostics(), saved_diagnostics(tmp_path / f"run{spread}")
+        assert [(c.field, c.passed, c.threshold) for c in again.checks] == [(c.field, c.passed, c.threshold) for c in record.checks]
+        assert {"heldout_ll", "heldout_coverage_90"} <= {c.field for c in again.checks}
+        verdicts.append((again.ok, again.heldout_coverage_90))
+    # 24 targets all inside meet the upper bound (1.0 for so few); ten times the residuals fail
+    assert verdicts[0] == (True, 1.0) and coverage_range(24)[1] == 1.0
+    assert verdicts[1][0] is False and verdicts[1][1] < coverage_range(24)[0]
+
+
 @pytest.mark.parametrize("hessian", ["full", "diag", "lowrank"])
 def test_laplace_structures_over_all_weights(hessian):
     X, y = _data("gaussian")

@@ -62,7 +62,7 @@ def saved_diagnostics(path):
             draws = _program_draws(snapshot.folder, meta, arrays, flat)
             return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder,
                                          measured=_measured_chains(meta, arrays, draws, flat))
-        return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder)
+        return rederived_diagnostics(diagnostics, meta, records, flat, snapshot.folder, arrays=arrays)
 
     return with_snapshot(path, read)
 
@@ -96,7 +96,8 @@ def _measured_chains(meta: dict, arrays: dict, draws: dict, flat: np.ndarray):
                           function_sites=tuple(meta["function_sites"]), flat_draws=flat)
 
 
-def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path, measured=None):
+def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndarray, folder: Path, measured=None,
+                          arrays: dict | None = None):
     """The saved diagnostics of a run that cannot be recomputed here, with the verdict decided again
     from the saved values and from what the stored draws measure (``measured``; see :mod:`ppl.io.verdict`)."""
     if (record["method"], record["num_chains"], record["num_draws"]) != (meta["method"], meta["num_chains"], meta["num_draws"]):
@@ -105,8 +106,14 @@ def rederived_diagnostics(record: dict, meta: dict, records: dict, flat: np.ndar
             f"{record['num_draws']} draws, but {META} a {meta['method']} run of {meta['num_chains']} × {meta['num_draws']} "
             "— the file was edited or belongs to another run"
         )
+    heldout_targets = None
+    if arrays is not None and ("heldout/X" in arrays or "heldout/y" in arrays):
+        if "heldout/X" not in arrays or "heldout/y" not in arrays:
+            raise RunError(f"{folder}/{ARRAYS}: held-out rows are saved without their "
+                           f"{'targets' if 'heldout/X' in arrays else 'inputs'} — the file was edited")
+        heldout_targets = int(np.size(_check_array(folder, arrays, "heldout/y", kinds="biuf")))
     return rederive(_diagnostics_from(record, folder), kind=meta["kind"], records=records, flat_draws=flat,
-                    where=f"{folder}/{DIAGNOSTICS}", measured=measured)
+                    where=f"{folder}/{DIAGNOSTICS}", measured=measured, heldout_targets=heldout_targets)
 
 
 def _check_array(folder: Path, arrays: dict, key: str, shape=None, *, kinds="f") -> np.ndarray:

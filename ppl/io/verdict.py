@@ -30,6 +30,7 @@ from ppl.core.method import Method
 from ppl.core.registry import METHODS, get
 from ppl.core.results import THRESHOLDS, Check, Diagnostics, finite_or_none
 from ppl.diagnostics.dispersion import THRESHOLD
+from ppl.diagnostics.heldout import LEVEL, coverage_range
 from ppl.diagnostics.report import MOMENT_SES, MOMENT_SHIFT, SD_RATIO, chain_checks, Findings, ebfmi
 
 __all__ = ["rederive", "measure_chains"]
@@ -113,13 +114,16 @@ def measure_chains(*, method: str, options: dict, info: dict, draws: dict, laten
 
 
 def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where: str,
-             measured: Diagnostics | None = None) -> Diagnostics:
+             measured: Diagnostics | None = None, heldout_targets: int | None = None) -> Diagnostics:
     """``record`` (read from ``where``) with ``passed``, ``ok`` and the warnings decided again.
 
     ``records``: the run's checked records (status, trace, chain_stats, evidence); ``flat_draws``:
     the stored draws (chain, draw, parameter), whose count of non-finite draws the ``draws`` check
     must state; ``measured``: the chain checks computed again from the stored draws
-    (:func:`measure_chains`; None where the run does not store what they need, a Network's run).
+    (:func:`measure_chains`; None where the run does not store what they need, a Network's run);
+    ``heldout_targets``: the number of held-out targets stored with the run (None: none stored),
+    which the coverage check's bounds depend on. The held-out figures themselves need the model's
+    predictive and are taken from the record; what they are held to is decided again.
     """
 
     def fail(field: str, why: str) -> RunError:
@@ -174,6 +178,10 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
         for field in _MIRRORED:
             if getattr(record, field) is not None and not (field == "rhat_max" and record.rhat_function_max is not None):
                 required.add(field)
+        if heldout_targets is not None:
+            required.add("heldout_ll")
+            if record.heldout_coverage_90 is not None:
+                required.add("heldout_coverage_90")
     seen, checks, messages = set(), [], {c.message for c in record.checks if c.message}
     for check in record.checks:
         field = check.field
@@ -209,6 +217,28 @@ def rederive(record: Diagnostics, *, kind: str, records: dict, flat_draws, where
                 raise fail(field, f"has the threshold {threshold!r}, outside the {low:.4g}–{high:.4g} it can take")
             passed = value >= threshold if field == "psis_sd_ratio" and value < 1 else value <= threshold
             shown = f"{field} = {value:.4g} against the threshold {threshold:.4g}"
+        elif field in ("heldout_ll", "heldout_coverage_90"):
+            if heldout_targets is None:
+                raise fail(field, "is there although the run stores no held-out rows")
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+                raise fail(field, f"holds {value!r}, which is not a number to hold to a threshold")
+            if field == "heldout_ll":
+                # the record keeps a finite log-likelihood only; -inf (a target the predictive rules out) is None there
+                if not _same(float(value), record.heldout_ll if record.heldout_ll is not None else float("-inf")):
+                    raise fail(field, f"states {value!r} but the record's heldout_ll is {record.heldout_ll!r}")
+                threshold = record.heldout_baseline_ll
+                if not isinstance(threshold, (int, float)) or isinstance(threshold, bool) or not math.isfinite(threshold):
+                    raise fail(field, f"is held to the baseline {threshold!r}, which is not a finite number")
+                passed = value >= threshold
+                shown = f"held-out log-likelihood {value:.4g} per row, below the trivial baseline's {threshold:.4g}"
+            else:
+                if not _same(float(value), record.heldout_coverage_90) or not 0.0 <= value <= 1.0:
+                    raise fail(field, f"states {value!r} but the record's heldout_coverage_90 is "
+                                      f"{record.heldout_coverage_90!r}")
+                low, high = coverage_range(heldout_targets)
+                threshold = high if value > LEVEL else low
+                passed = low <= value <= high
+                shown = f"held-out 90% coverage {value:.4g} outside the {low:.4g}–{high:.4g} allowed for {heldout_targets} targets"
         elif field == "num_draws":
             threshold, passed, shown = 4, False, f"only {value} draw(s) per chain: too few to assess convergence"
         elif field == "status.failed":
