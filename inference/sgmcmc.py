@@ -121,17 +121,22 @@ def _time_covered(posterior, bias: str) -> str:
     """How far a run's chains could travel, in words: the sampling steps behind each chain's draws
     times the step ε is the time they span in the whitened frame, where the widest directions have
     unit curvature at the point the frame was measured (a Langevin diffusion relaxes along them in
-    about one unit); "" when the run's record lacks the numbers (a cyclical step, which changes
-    within each cycle)."""
+    about one unit); "" when the run's record lacks the numbers (a record edited or from another
+    version). Cyclical SGLD, whose step changes within each cycle, does not ask for it."""
     info, options = getattr(posterior, "info", None) or {}, getattr(posterior, "options", None) or {}
+    def number(x):
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
     given = options.get("step_size")
     step, curvature, thinning = given or info.get("step_size"), info.get("curvature"), options.get("thinning")
     draws = np.shape(getattr(posterior, "flat_draws", None))
-    if not (isinstance(step, float) and isinstance(curvature, float) and isinstance(thinning, int) and len(draws) == 3):
+    if not (number(step) and number(curvature) and isinstance(thinning, int) and len(draws) == 3):
         return ""
-    steps = draws[1] * thinning
+    steps, noise = draws[1] * thinning, info.get("gradient_noise")
+    noisy = f" (with minibatch gradient noise r = {noise:.3g} relative to it)" if number(noise) else ""
     why = ("as given (step_size)" if given else
-           f"held that small by the largest whitened curvature, λ = {curvature:.3g}, as a step's bias grows with {bias}")
+           f"held that small by the largest whitened curvature, λ = {curvature:.3g}{noisy}, as a step's bias grows "
+           f"with {bias}")
     return (f"each chain's draws come from {steps:,} steps of ε = {step:.2g}, {steps * step:.3g} units of time in its "
             f"whitened frame (where the posterior's widest directions have unit curvature, and relax in about one unit); "
             f"ε is {why}; ")
