@@ -88,6 +88,8 @@ def mean_se(values) -> str:
 
 
 def table(rows: list[dict]) -> str:
+    """The results table; a fit run again (the same set, split and method) counts once, as its last row."""
+    rows = list({(row["set"], row["split"], row["method"]): row for row in rows}.values())
     head = (f"{'set':<13} {'method':<14} {'splits':>6}  {'test LL':>14}  {'RMSE':>14}  {'90% cover':>9}  "
             f"{'ok':>7}  {'s/fit':>6}")
     lines = [head, "-" * len(head)]
