@@ -171,6 +171,16 @@ def test_test_rows_a_fit_cannot_be_judged_on_fail_its_row_not_the_comparison(tmp
     assert ppl.load(tmp_path / "fits" / "map").status.converged
 
 
+def test_the_opening_line_names_a_held_out_coverage_failure_as_such():
+    from ppl._compare import _reading
+
+    rows = [{"method": "ensemble", "error": None, "ok": False, "failed_checks": ["heldout_coverage_90"]},
+            {"method": "map", "error": None, "ok": False, "failed_checks": ["heldout_ll"]}]
+    text = _reading(rows)
+    assert "ensemble — held-out intervals: the 90% intervals cover too few or too many test targets" in text
+    assert "map — held-out data: the predictive does worse than a trivial baseline" in text
+
+
 def test_unknown_method_is_refused_before_anything_is_fitted(monkeypatch):
     def no_fit(*args, **kwargs):
         raise AssertionError("nothing may be fitted")
