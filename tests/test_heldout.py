@@ -200,11 +200,13 @@ def test_a_network_from_a_plain_function_is_tuned_by_the_diagonal_evidence_and_g
     train, test = rows
     post = ppl.fit(Network(mlp, template, likelihood="gaussian"), train, method="map", seed=0)
     assert tuning_structure(post.problem) == "diag"
-    # no collapse; but the diagonal's log-determinant exceeds the exact one (Hadamard's inequality),
-    # so its evidence charges a small σ more than K-FAC's does and over-estimates it (0.96 measured,
-    # the BNN's K-FAC 0.58); the intervals are wide, within the held-out check's bound on 200 rows
+    # no collapse (the lower bound as for the BNN above); but the diagonal's log-determinant exceeds
+    # the exact one (Hadamard's inequality), so its evidence charges a small σ more than K-FAC's does
+    # and over-estimates it (0.96 measured, the BNN's K-FAC 0.58): the one promise is that the network
+    # explains part of the targets' variance, σ below their sd (1.56); the held-out checks below
+    # judge the intervals
     sigma = post.info["noise_scale"]
-    assert 0.5 / 1.5 < sigma < 0.5 * 2.5
+    assert 0.5 / 1.5 < sigma < np.std(train[1], ddof=1)
     assert len(post.info["prior_precision"]) == 2 and post.problem.model.noise_scale == pytest.approx(sigma)
     record = post.with_heldout(*test).diagnostics()
     assert record.heldout_ll > record.heldout_baseline_ll + 0.5

@@ -386,9 +386,11 @@ def test_a_flax_regression_network_is_tuned_by_the_kfac_evidence_and_an_equinox_
     flax_net = Network.from_flax(MLP(), X[:2], likelihood="gaussian")
     eqx_net = Network.from_equinox(eqx.nn.MLP(3, "scalar", HIDDEN, 1, activation=jnp.tanh, key=jax.random.PRNGKey(0)),
                                    likelihood="gaussian")
-    for net, structure in ((flax_net, "kfac"), (eqx_net, "diag")):
+    # 60 rows estimate σ = 0.5 to ±9% (1 SE): K-FAC's σ within a factor 1.5 of it, as the BNN's in
+    # test_heldout.py; the diagonal's evidence over-estimates σ (see tuning_structure), so for it only
+    # no collapse and σ below the targets' own sd (the network explains part of their variance)
+    for net, structure, upper in ((flax_net, "kfac", 0.5 * 1.5), (eqx_net, "diag", np.std(y, ddof=1))):
         post = ppl.fit(net, (X, y), method="map", seed=0, steps=300)
         assert tuning_structure(post.problem) == structure
         assert len(post.info["prior_precision"]) == 2 and post.problem.model.noise_scale == post.info["noise_scale"]
-        # 60 rows estimate σ = 0.5 to ±9% (1 SE); the diagonal's evidence over-estimates it (above)
-        assert 0.5 / 1.5 < post.info["noise_scale"] < 0.5 * 2.5
+        assert 0.5 / 1.5 < post.info["noise_scale"] < upper
