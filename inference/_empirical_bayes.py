@@ -167,7 +167,7 @@ def prepare(name: str, value, key, problem, *, steps: int, init: str = "prior", 
 
 def tuning_structure(problem) -> str:
     """The curvature the default tuning takes: K-FAC where the network declares its layers (a
-    ppl.models BNN or CNN, a Flax or Equinox module of Dense/Linear and Conv layers), the diagonal
+    ppl.models BNN or CNN, a Flax module of Dense and Conv layers), the diagonal
     GGN for a network that does not (a plain JAX function, an Equinox module). Not the exact GGN,
     even where it fits: with more weights than rows its evidence collapses σ with the residual
     (0.005 against a true 0.5 on 60 rows), and on UCI (``python -m bench.network_tuning``) it left
