@@ -27,6 +27,7 @@ import numpy as np
 
 import ppl
 from bench.uci import default_root
+from ppl.core.cache import release_compiled
 from ppl.inference import _empirical_bayes
 from ppl.models import BNN, Network
 
@@ -134,9 +135,7 @@ def main(argv=None) -> int:
                 print(f"{name} split {split} {variant:<14} ({row['structure']}) test LL {row['test_ll']:8.3f}  "
                       f"cover {row['coverage_90']:.2f}  σ {row['noise_scale']:.3f}  ok {row['ok']}  ({row['wall_s']:.0f} s)",
                       flush=True)
-            import jax
-
-            jax.clear_caches()  # each fit compiles its own tuned model's programs (see bench.uci)
+            release_compiled()  # each fit compiles its own tuned model's programs (see bench.uci)
     print(table(rows, args.sets, args.variants))
     return 0
 

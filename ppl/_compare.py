@@ -16,11 +16,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import jax
 import numpy as np
 
 from ppl._fit import differences, fingerprint_of
 from ppl.core import registry
+from ppl.core.cache import release_compiled
 from ppl.core.errors import DataError, OptionError, ResumeError, did_you_mean
 from ppl.core.problem import compile_problem
 from ppl.datasets import Dataset, Split
@@ -205,14 +205,14 @@ def compare(model, data=None, *, methods=None, reference: str | None = "nuts", s
         # A finished fit's compiled programs (its steps, its warm-up) serve no later fit: each has its
         # own. Kept, they held 0.2 to 0.4 GB of the main job's peak memory by the last method; what
         # scoring needs (prediction, diagnostics) is compiled again once, from the persistent cache.
-        jax.clear_caches()
+        release_compiled()
     started = time.perf_counter()
     log(f"scoring {len(result.posteriors)} fits on the test split (predictives, calibration, function-space diagnostics) …")
     _score(result, test, ood, seed, dataset)
     log(f"  scored in {time.perf_counter() - started:.1f} s")
     # The report predicts on a grid, another shape: the scoring's programs serve it no more than one
     # fit's serve the next.
-    jax.clear_caches()
+    release_compiled()
     result.rows.sort(key=lambda r: chosen["run"].index(r["method"]))  # the order fitted, reference first
     return result
 

@@ -26,7 +26,7 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_rank_promotion", "raise")
 
 import ppl  # noqa: E402
-from ppl.core.cache import CACHE_ENV  # noqa: E402
+from ppl.core.cache import CACHE_ENV, release_compiled  # noqa: E402
 from ppl.models import LinearRegression  # noqa: E402
 
 # One persistent compilation cache for the whole suite: the xdist workers, the command-line runs in
@@ -54,7 +54,7 @@ def _release_compiled_programs():
     and the process dies with a segmentation fault. A module's programs are not needed by the next.
     """
     yield
-    jax.clear_caches()
+    release_compiled()
 
 
 def closed_form(X, y, prior_scale=PRIOR, noise_scale=NOISE, temperature=1.0, tempering="likelihood"):

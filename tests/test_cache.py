@@ -93,3 +93,13 @@ def test_a_cache_the_user_configured_is_left_alone(tmp_path):
 def test_a_bad_size_bound_is_refused(bad):
     with pytest.raises(ppl.OptionError, match="max_bytes must be a whole number of bytes"):
         ppl.use_compilation_cache(max_bytes=bad)
+
+
+def test_releasing_the_compiled_programs_drops_them_and_later_calls_compile_again():
+    from ppl.core.cache import release_compiled
+
+    double = jax.jit(lambda x: 2.0 * x)
+    assert float(double(1.0)) == 2.0 and double._cache_size() == 1
+    release_compiled()  # also hands the freed heap back to the system (glibc), a no-op elsewhere
+    assert double._cache_size() == 0
+    assert float(double(3.0)) == 6.0 and double._cache_size() == 1

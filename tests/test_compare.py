@@ -123,7 +123,8 @@ def test_an_interrupted_comparison_continues_from_its_fits_folder(monkeypatch, t
 
 
 def test_each_fit_lets_go_of_its_compiled_programs_before_the_next(monkeypatch):
-    # the main job's peak memory fell from 2.1 to 1.4 GB when a finished fit's programs were dropped
+    # the main job's peak memory fell from 2.1 to 1.4 GB when a finished fit's programs were dropped (and
+    # from 1.54 to 1.25 GB, cold, when the freed heap was handed back too: ppl.core.cache.release_compiled)
     import jax
 
     cleared, fitted, real_fit = [], [], ppl.fit

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ppl.core.errors import OptionError
 
-__all__ = ["use_compilation_cache", "default_cache_dir", "CACHE_ENV", "DEFAULT_MAX_BYTES"]
+__all__ = ["use_compilation_cache", "default_cache_dir", "release_compiled", "CACHE_ENV", "DEFAULT_MAX_BYTES"]
 
 CACHE_ENV = "PPL_COMPILATION_CACHE"  # a folder for the cache, or "off"
 DEFAULT_MAX_BYTES = 2 * 1024**3  # least recently used programs are evicted beyond this
@@ -68,6 +68,42 @@ def use_compilation_cache(path: str | os.PathLike | None = None, *, max_bytes: i
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     jax.config.update("jax_compilation_cache_dir", str(folder))
     return folder
+
+
+def release_compiled() -> None:
+    """Drop the compiled programs JAX holds in memory and hand the freed memory back to the system.
+
+    For a process that runs one fit after another whose programs serve no later one (``ppl.compare``):
+    each method compiles its own steps, and held, they added up. ``jax.clear_caches`` frees them, but
+    glibc's allocator keeps freed blocks in its arenas, so the process's resident memory did not fall
+    (the main job: 1.18 GB after the last fit with the caches cleared after every fit; 0.46 GB with the
+    arenas trimmed too). Programs needed again are loaded from the persistent cache when it is on.
+    Every JAX program of the process is dropped, the caller's own ``jax.jit`` functions included: they
+    compile again on their next call.
+    """
+    import gc
+
+    import jax
+
+    jax.clear_caches()
+    gc.collect()
+    _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim``; a no-op elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    if not name:
+        return
+    try:
+        trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # musl, macOS, Windows: no malloc_trim
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
 
 
 def _private_folder(folder: Path, where: str) -> Path:
