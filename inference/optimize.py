@@ -39,6 +39,7 @@ __all__ = [
 OPTIMIZERS = ("auto", "adam", "lbfgs")
 SCHEDULES = ("constant", "cosine")
 INITS = ("prior", "median", "uniform", "zeros", "pretrained")  # pretrained: a Network's trained values
+SGD_MOMENTUM = 0.9  # the heavy-ball momentum of the "sgd" optimizer (SWAG's trajectory)
 CHUNK_CAPACITY = 256  # most steps one compiled chunk can take (chunks are sized to ~0.5 s)
 CONVERGENCE_RTOL = 1e-3  # a last-window loss drop below this fraction of the loss's scale is "settled"
 GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
@@ -48,7 +49,7 @@ GRADIENT_RTOL = 1e-3  # full-batch: final gradient norm against the starting one
 class OptimizerConfig:
     """Static description of an optimisation run (hashable: it keys the compilation cache)."""
 
-    # "adam", "lbfgs" or "sgd" (momentum 0.9; SWAG's trajectory), or a hashable rule object whose
+    # "adam", "lbfgs" or "sgd" (momentum SGD_MOMENTUM; SWAG's trajectory), or a hashable rule object whose
     # ``build(rate)`` gives an optax transformation called as ``update(grads, state, params)`` (IVON's)
     optimizer: object
     steps: int  # one round: the schedule's length, and the steps between convergence checks
@@ -88,7 +89,7 @@ class OptimizerConfig:
         else:
             rate = learning_rate
         if self.optimizer == "sgd":
-            return optax.sgd(rate, momentum=0.9)
+            return optax.sgd(rate, momentum=SGD_MOMENTUM)
         if not isinstance(self.optimizer, str):
             return self.optimizer.build(rate)
         return optax.adam(rate)

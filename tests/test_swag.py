@@ -236,3 +236,32 @@ def test_a_low_rank_density_with_a_diagonal_at_float_resolution_stays_finite():
     expected = -0.5 * (P * np.log(2 * np.pi) + log_det + np.einsum("ij,ij->i", x, np.linalg.solve(cov, x.T).T))
     assert np.all(np.isfinite(log_q))
     np.testing.assert_allclose(log_q, expected, rtol=1e-4)
+
+
+def test_the_sgd_rate_is_capped_by_the_curvature_and_on_large_data_by_the_minibatch_noise():
+    # Linear regression with a known noise scale: the per-datum objective's Hessian is
+    # (XᵀX / σ² + I / prior²) / N exactly, so both caps can be checked against numpy.
+    import jax
+
+    from ppl.core.problem import compile_problem
+    from ppl.inference.optimize import SGD_MOMENTUM
+    from ppl.inference.swag import NOISE_SPREAD, stable_rate
+
+    rng = np.random.default_rng(0)
+    N, sigma = 20_000, 0.5
+    X = rng.normal(size=(N, 3)) * np.array([1.0, 3.0, 0.3])
+    y = X @ np.array([1.0, -0.5, 2.0]) + 0.1 + sigma * rng.normal(size=N)
+    problem = compile_problem(LinearRegression(noise_scale=sigma), (X, y))
+    Xb = np.c_[X, np.ones(N)]  # the bias is the last coefficient
+    lam = np.linalg.eigvalsh((Xb.T @ Xb / sigma**2 + np.eye(4)) / N).max()
+    start = jnp.zeros((1, problem.num_params), problem.init_params.dtype)
+    key = jax.random.PRNGKey(0)
+    # full batch: only the stability cap 1/λ (30 power iterations on a 4 × 4 Hessian: to 1e-6)
+    assert stable_rate(problem, start, key, 1.0, None) == pytest.approx(1.0 / lam, rel=1e-6)
+    assert stable_rate(problem, start, key, 1.0, N) == pytest.approx(1.0 / lam, rel=1e-6)
+    assert stable_rate(problem, start, key, 1e-9, None) == 1e-9  # a smaller rate is kept
+    # 64-row minibatches of 20,000 rows: SGD's variance along the sharpest direction would be
+    # N / (2 (1 − β) B) = 1,563 times the posterior's at 1/λ; the rate keeps it at NOISE_SPREAD
+    capped = stable_rate(problem, start, key, 1.0, 64)
+    assert capped == pytest.approx(NOISE_SPREAD * 2 * (1 - SGD_MOMENTUM) * 64 / (N * lam), rel=1e-6)
+    assert capped * N * lam / (2 * (1 - SGD_MOMENTUM) * 64) == pytest.approx(NOISE_SPREAD, rel=1e-6)
