@@ -18,7 +18,10 @@ has the scale the SWAG literature uses whatever the data size. The rate actually
 1/λ, λ the largest curvature of that objective at the start (power iteration on Hessian-vector
 products): heavy-ball SGD with momentum β diverges on a quadratic once rate·λ > 2(1 + β), and a
 sharp MAP — a BNN whose learned noise scale fell to the training residual, 0.01 on UCI yacht —
-sent the default rate to NaN at the second step. The rate used is ``info["learning_rate_used"]``.
+sent the default rate to NaN at the second step. On large data the rate is also capped so that the minibatch noise
+cannot spread the iterates beyond ``NOISE_SPREAD`` times the posterior's variance along the
+sharpest direction (see :func:`stable_rate`; UCI protein diverged without it). The rate used is
+``info["learning_rate_used"]``.
 """
 
 from __future__ import annotations
