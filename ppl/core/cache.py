@@ -13,6 +13,8 @@ this user can write to: it is created private, and a folder that other users may
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import os
 import stat
 from pathlib import Path
@@ -81,8 +83,6 @@ def release_compiled() -> None:
     Every JAX program of the process is dropped, the caller's own ``jax.jit`` functions included: they
     compile again on their next call.
     """
-    import gc
-
     import jax
 
     jax.clear_caches()
@@ -92,15 +92,9 @@ def release_compiled() -> None:
 
 def _trim_heap() -> None:
     """Return the C heap's free memory to the system (glibc's ``malloc_trim``; a no-op elsewhere)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    if not name:
-        return
     try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):  # musl, macOS, Windows: no malloc_trim
+        trim = ctypes.CDLL(None).malloc_trim  # the symbols the process has loaded, libc's among them
+    except (OSError, AttributeError, TypeError):  # musl, macOS, Windows: no malloc_trim
         return
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     trim(0)
